@@ -1,0 +1,36 @@
+# warmpath — set-up, serve, test, lint. `make serve` and `make test` work on a fresh machine.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup model serve test test-unit lint bench
+
+setup: $(STAMP) model
+
+# torch first, pinned, so pip takes the local CPU build instead of pulling a multi-GB CUDA one.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/warmpath fetch-model
+
+serve: setup
+	$(BIN)/warmpath serve $(ARGS)
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q $(ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python benchmarks/model_speed.py $(ARGS)

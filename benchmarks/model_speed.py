@@ -1,0 +1,140 @@
+"""Cold prefill and single-stream decode: warmpath vs transformers, same GGUF, same prompts, same run.
+
+    python benchmarks/model_speed.py [--dtypes float32,bfloat16] [--repeats 3] [--json out.json]
+
+Prompts are windows of real standard-library code (a different window each repeat, so nothing is warm).
+Prefill = time to the first token of a fresh prompt (transformers: one forward keeping only the last logits).
+Decode = tokens/s of one stream after a 512-token prompt (64 tokens, greedy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+from gguf import GGUFReader
+
+from warmpath import LLM, SamplingParams
+from warmpath.models.gguf import read_tokenizer
+from warmpath.models.registry import resolve_model
+
+PREFILL_SIZES = (512, 2048, 4000)
+DECODE_CONTEXT, DECODE_TOKENS = 512, 64
+
+
+def code_windows(tokenizer, n_tokens: int, count: int) -> list[list[int]]:
+    """`count` distinct windows of n_tokens ids from real stdlib sources."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join(p.read_text(encoding="utf-8") for p in sorted(stdlib.glob("[a-m]*.py")))
+    ids = tokenizer.encode(text)
+    step = max(n_tokens, (len(ids) - n_tokens) // max(count, 1))
+    return [ids[i * step : i * step + n_tokens] for i in range(count)]
+
+
+class Warmpath:
+    name = "warmpath"
+
+    def __init__(self, dtype: str):
+        self.llm = LLM("smollm2", dtype=dtype)
+
+    def prefill(self, ids: list[int]) -> float:
+        out = self.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))[0]
+        return out.metrics.ttft
+
+    def decode_tps(self, ids: list[int]) -> float:
+        sp = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True)
+        m = self.llm.generate({"prompt_token_ids": ids}, sp)[0].metrics
+        return DECODE_TOKENS / (m.finish_time - m.first_token_time)
+
+
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, dtype: str):
+        import transformers
+
+        path = resolve_model("smollm2")
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
+        ).eval()
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int]) -> float:
+        t = time.perf_counter()
+        logits = self.model(torch.tensor([ids]), logits_to_keep=1, use_cache=False).logits
+        logits[0, -1].argmax().item()
+        return time.perf_counter() - t
+
+    @torch.inference_mode()
+    def decode_tps(self, ids: list[int]) -> float:
+        x = torch.tensor([ids])
+        t = time.perf_counter()
+        self.model.generate(x, max_new_tokens=1, do_sample=False)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        out = self.model.generate(x, max_new_tokens=DECODE_TOKENS + 1, min_new_tokens=DECODE_TOKENS + 1,
+                                  do_sample=False)
+        total = time.perf_counter() - t
+        assert out.shape[1] - x.shape[1] == DECODE_TOKENS + 1
+        return DECODE_TOKENS / (total - first)
+
+
+def measure(system, windows: dict[int, list[list[int]]], repeats: int) -> dict:
+    system.prefill(windows[PREFILL_SIZES[0]][-1][:64])  # warm-up: allocator, thread pool, kernels
+    row = {}
+    for n in PREFILL_SIZES:
+        row[f"prefill_{n}_s"] = statistics.median(system.prefill(windows[n][r]) for r in range(repeats))
+        print(f"  {system.name:12s} prefill {n:5d}: {row[f'prefill_{n}_s']:.3f} s", file=sys.stderr)
+    row["decode_tps"] = statistics.median(system.decode_tps(windows[DECODE_CONTEXT][r]) for r in range(repeats))
+    print(f"  {system.name:12s} decode: {row['decode_tps']:.1f} tok/s", file=sys.stderr)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--systems", default="warmpath,transformers")
+    ap.add_argument("--json", default="benchmarks/results/model_speed.json")
+    args = ap.parse_args()
+    results = []
+    tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
+    windows = {n: code_windows(tok, n, args.repeats + 1) for n in (*PREFILL_SIZES, DECODE_CONTEXT)}
+    for dtype in args.dtypes.split(","):
+        for cls in [c for c in (Warmpath, Transformers) if c.name in args.systems.split(",")]:
+            print(f"{cls.name} {dtype}: loading", file=sys.stderr)
+            system = cls(dtype)
+            results.append({"system": cls.name, "dtype": dtype, **measure(system, windows, args.repeats)})
+            del system
+
+    cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(": \t")
+    print(f"\nmachine: {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}; medians of "
+          f"{args.repeats}\n")
+    head = "| system | dtype | " + " | ".join(f"prefill {n}" for n in PREFILL_SIZES) + " | decode tok/s |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in results:
+        cells = " | ".join(f"{r[f'prefill_{n}_s']:.3f} s" for n in PREFILL_SIZES)
+        print(f"| {r['system']} | {r['dtype']} | {cells} | {r['decode_tps']:.1f} |")
+    base = {r["dtype"]: r for r in results if r["system"] == "transformers"}
+    for r in results:
+        b = base.get(r["dtype"])
+        if r["system"] == "warmpath" and b:
+            ratios = ", ".join(f"prefill {n} {r[f'prefill_{n}_s'] / b[f'prefill_{n}_s']:.2f}x time"
+                               for n in PREFILL_SIZES)
+            print(f"warmpath/transformers {r['dtype']}: {ratios}, decode {r['decode_tps'] / b['decode_tps']:.2f}x tok/s")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": cpu, "threads": torch.get_num_threads(), "repeats": args.repeats,
+                               "results": results}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

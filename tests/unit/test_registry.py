@@ -1,0 +1,38 @@
+"""Model specs resolve to files; a missing bundled model says which command fetches it."""
+
+import subprocess
+import sys
+
+import pytest
+
+from warmpath import LLM
+from warmpath.models.registry import ModelNotFoundError, resolve_model
+
+
+def test_missing_bundled_model_names_the_fetch_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="warmpath fetch-model smollm2"):
+        LLM("smollm2")
+
+
+def test_truncated_bundled_model_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF" + b"\0" * 100)
+    with pytest.raises(ModelNotFoundError, match="fetch-model"):
+        resolve_model("smollm2")
+
+
+def test_paths_resolve(tiny_llama_dir, tmp_path):
+    assert resolve_model(str(tiny_llama_dir)) == tiny_llama_dir
+    with pytest.raises(ModelNotFoundError, match="neither a bundled name"):
+        resolve_model(str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotFoundError):
+        resolve_model(str(tmp_path))  # a directory without config.json
+
+
+def test_cli_reports_missing_model_cleanly(tmp_path):
+    env = {"WARMPATH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2
+    assert "warmpath fetch-model" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,56 @@
+"""Every default lives here, once. One dataclass per component; CLI flags map 1:1 to fields."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def warmpath_home() -> Path:
+    """Where fetched models and caches live: $WARMPATH_HOME, default ~/.cache/warmpath."""
+    return Path(os.environ.get("WARMPATH_HOME", Path.home() / ".cache" / "warmpath"))
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a Llama-family decoder, read from a checkpoint (GGUF metadata or HF config.json)."""
+
+    architecture: str  # "llama" | "qwen2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2"  # a bundled name, a path to a .gguf file, or an HF directory
+    dtype: str = "auto"  # "auto" (bf16 where the CPU has it, else fp32), "float32", "bfloat16"
+    device: str = "cpu"  # "cpu" or "cuda"
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # overrides kv_cache_memory when set
+    kv_cache_memory: int = 1 << 30  # bytes of KV cache (bf16 SmolLM2: ~46k tokens per GiB)
+    max_model_len: int | None = None  # default: the model's context length
+    max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
+    max_num_seqs: int = 64
+    num_threads: int | None = None  # torch intra-op threads; default: all cores
+    seed: int = 0
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: EngineConfig = field(default_factory=EngineConfig)

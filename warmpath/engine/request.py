@@ -1,0 +1,72 @@
+"""Requests, sampling parameters, outputs and finish reasons."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the model's context (or the KV pool)."""
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # a stop token
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"
+    DEADLINE = "deadline"
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    def tpot(self, num_tokens: int) -> float | None:
+        """Mean time per output token after the first."""
+        if self.finish_time is None or self.first_token_time is None or num_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (num_tokens - 1)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    num_cached_tokens: int
+    metrics: RequestMetrics
