@@ -41,7 +41,7 @@ class Warmpath:
     name = "warmpath"
 
     def __init__(self, dtype: str):
-        self.llm = LLM("smollm2", dtype=dtype)
+        self.llm = LLM("smollm2", dtype=dtype, enable_prefix_caching=False)  # every prefill cold
 
     def prefill(self, ids: list[int]) -> float:
         out = self.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))[0]

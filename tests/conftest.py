@@ -18,3 +18,9 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory) -> Path:
     return write_tiny_hf(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_long_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with an 8k context, for long-prompt engine tests."""
+    return write_tiny_hf(tmp_path_factory.mktemp("tiny-long"), "llama", max_position_embeddings=8192)

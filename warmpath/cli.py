@@ -43,7 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} layers, "
           f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
           f"context {llm.max_model_len}, dtype {str(llm.dtype).removeprefix('torch.')}, "
-          f"KV pool {llm.block_pool.num_blocks} blocks x {cfg.block_size} tokens")
+          f"KV pool {llm.engine.pool.num_blocks} blocks x {cfg.block_size} tokens")
     prompt = "def fibonacci(n):\n"
     out = llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0))[0]
     print(f"smoke completion of {prompt!r}: {out.text!r} (ttft {out.metrics.ttft * 1000:.0f} ms)")

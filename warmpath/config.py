@@ -45,6 +45,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context length
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
     max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
     seed: int = 0
 

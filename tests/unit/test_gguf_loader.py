@@ -48,8 +48,8 @@ def test_gguf_model_matches_hf_weights(tiny_gguf, tmp_path):
     cfg = from_gguf.model_config
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 64, 4, 2, 16)
     assert cfg.tie_word_embeddings and cfg.architecture == "llama"
-    for name, p in from_hf.model.named_parameters():
-        torch.testing.assert_close(dict(from_gguf.model.named_parameters())[name], p, atol=0, rtol=0, msg=name)
+    for name, p in from_hf.engine.model.named_parameters():
+        torch.testing.assert_close(dict(from_gguf.engine.model.named_parameters())[name], p, atol=0, rtol=0, msg=name)
     prompt = {"prompt_token_ids": from_gguf.get_tokenizer().encode("def f(x):\n    return x + 1\n")}
     sp = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     assert from_gguf.generate(prompt, sp)[0].token_ids == from_hf.generate(prompt, sp)[0].token_ids

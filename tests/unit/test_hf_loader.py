@@ -11,12 +11,12 @@ from warmpath.engine.runner import SeqInput
 def all_position_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     """Logits at every position of one prompt computed in one prefill."""
     bs = llm.config.block_size
-    blocks = llm.block_pool.allocate(-(-len(ids) // bs))
+    blocks = llm.engine.pool.allocate(-(-len(ids) // bs))
     try:
-        x = llm.runner.prepare([SeqInput(ids, 0, blocks)])
-        return llm.model(x.input_ids, x.positions, x.meta, llm.runner.kv_cache, torch.arange(len(ids)))
+        x = llm.engine.runner.prepare([SeqInput(ids, 0, blocks)])
+        return llm.engine.model(x.input_ids, x.positions, x.meta, llm.engine.runner.kv_cache, torch.arange(len(ids)))
     finally:
-        llm.block_pool.free(blocks)
+        llm.engine.pool.free(blocks)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])

@@ -64,8 +64,12 @@ def test_limits_give_clear_errors(llm, tiny_llama_dir):
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate({"prompt_token_ids": [10**6]}, GREEDY)
     small = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=2)
-    with pytest.raises(PromptTooLongError, match="pool has 2"):
-        small.generate({"prompt_token_ids": [5] * 40}, GREEDY)
+    out = small.generate({"prompt_token_ids": [5] * 40}, GREEDY)[0]  # finished with a clear error, no hang
+    assert out.finish_reason == FinishReason.ERROR and "pool has 2" in out.error
+    grows = small.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
+    assert grows.finish_reason == FinishReason.ERROR and "KV pool holds 32" in grows.error
+    assert len(grows.token_ids) == 32 - 20 + 1
+    assert small.stats()["free_blocks"] == 2
 
 
 def test_max_tokens_clipped_to_context(llm):

@@ -23,10 +23,10 @@ def llms(tiny_llama_dir):
 def scattered_blocks(llm: LLM, n_tokens: int, rng: random.Random) -> list[int]:
     """Blocks taken from all over the pool, in random order: logic must follow the table, not adjacency."""
     n = -(-n_tokens // llm.config.block_size)
-    blocks = llm.block_pool.allocate(llm.block_pool.num_free)
+    blocks = llm.engine.pool.allocate(llm.engine.pool.num_free)
     rng.shuffle(blocks)
     keep, rest = blocks[:n], blocks[n:]
-    llm.block_pool.free(rest)
+    llm.engine.pool.free(rest)
     return keep
 
 
@@ -52,7 +52,7 @@ def run_one_at_a_time(llm, stages):
     out = {}
     for i, seq_stages in enumerate(stages):
         for j, x in enumerate(seq_stages):
-            out[i, j] = llm.runner.forward([x])[0]
+            out[i, j] = llm.engine.runner.forward([x])[0]
     return out
 
 
@@ -62,7 +62,7 @@ def run_mixed(llm, stages):
     n = len(stages)
     for step in range(4 + n - 1):
         batch = [(i, step - i) for i in range(n) if 0 <= step - i < 4]
-        logits = llm.runner.forward([stages[i][j] for i, j in batch])
+        logits = llm.engine.runner.forward([stages[i][j] for i, j in batch])
         for (i, j), row in zip(batch, logits, strict=True):
             out[i, j] = row
     return out
@@ -77,7 +77,7 @@ def test_same_logits_for_block_sizes_and_batching(llms):
             stages = plan(llm, ids_list, random.Random(bs))
             results.append(((bs, runner.__name__), runner(llm, stages)))
             for seq in stages:
-                llm.block_pool.free(seq[0].block_table)
+                llm.engine.pool.free(seq[0].block_table)
     (_, ref), *others = results
     for name, res in others:
         for key in ref:
@@ -90,12 +90,12 @@ def test_staged_equals_one_prefill(llms):
     ids = llm.get_tokenizer().encode(PROMPTS[0])
     stages = plan(llm, [ids], random.Random(0))
     staged = run_one_at_a_time(llm, stages)
-    llm.block_pool.free(stages[0][0].block_table)
+    llm.engine.pool.free(stages[0][0].block_table)
     whole = {}
     for stage, end in enumerate((len(ids) // 2, len(ids) - 2, len(ids) - 1, len(ids))):
-        blocks = llm.block_pool.allocate(-(-end // 16))
-        whole[stage] = llm.runner.forward([SeqInput(ids[:end], 0, blocks)])[0]
-        llm.block_pool.free(blocks)
+        blocks = llm.engine.pool.allocate(-(-end // 16))
+        whole[stage] = llm.engine.runner.forward([SeqInput(ids[:end], 0, blocks)])[0]
+        llm.engine.pool.free(blocks)
     for stage in range(4):
         torch.testing.assert_close(staged[0, stage], whole[stage], atol=1e-4, rtol=1e-5)
 
@@ -103,4 +103,4 @@ def test_staged_equals_one_prefill(llms):
 def test_runner_rejects_short_block_table(llms):
     llm = llms[16]
     with pytest.raises(ValueError, match="cannot hold"):
-        llm.runner.forward([SeqInput(list(range(3, 40)), 0, [0])])
+        llm.engine.runner.forward([SeqInput(list(range(3, 40)), 0, [0])])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import torch
+
 
 class PromptTooLongError(ValueError):
     """The prompt does not fit the model's context (or the KV pool)."""
@@ -15,6 +17,14 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"
     DEADLINE = "deadline"
+    ERROR = "error"  # can never run (e.g. needs more KV blocks than the pool has); see Request.error
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks freed (still cached); waits at the queue's front to be recomputed
+    FINISHED = "finished"
 
 
 @dataclass
@@ -61,12 +71,56 @@ class RequestMetrics:
 
 
 @dataclass
+class Request:
+    """One request's whole state in the engine. Tokens are prompt + outputs; K/V exists for the first
+    num_computed_tokens of them, in block_ids."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stop_token_ids: frozenset[int]
+    max_tokens: int  # params.max_tokens clipped to the context
+    generator: torch.Generator | None
+    metrics: RequestMetrics
+    session_id: str | None = None
+    deadline: float | None = None  # time.monotonic() past which the request is finished with DEADLINE
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of its full blocks so far
+    num_computed_tokens: int = 0
+    num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
+    num_preemptions: int = 0
+    num_sent_tokens: int = 0  # outputs already reported by Engine.step()
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+
+@dataclass
 class RequestOutput:
+    """What Engine.step() reports for a request: new_token_ids is the delta since the last report;
+    token_ids all outputs so far. text is filled when the request finishes."""
+
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]
+    new_token_ids: list[int]
     text: str
     finished: bool
     finish_reason: FinishReason | None
     num_cached_tokens: int
     metrics: RequestMetrics
+    error: str | None = None

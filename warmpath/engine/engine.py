@@ -1,0 +1,184 @@
+"""Engine: add_request / abort / step / stats on one device. Each step: the scheduler plans, the runner
+computes, the sampler picks, the scheduler advances; outputs are reported as deltas."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from warmpath.config import EngineConfig
+from warmpath.engine.kv_cache import BlockPool, allocate_kv_cache, num_kv_blocks
+from warmpath.engine.request import (
+    FinishReason,
+    PromptTooLongError,
+    Request,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+)
+from warmpath.engine.runner import ModelRunner, SeqInput
+from warmpath.engine.sampler import make_generator, sample
+from warmpath.engine.scheduler import Scheduler, SchedulerOutput
+from warmpath.models.llama import LlamaForCausalLM
+from warmpath.models.registry import load_checkpoint
+from warmpath.models.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16
+        # bf16 where the CPU computes it natively (AVX-512 BF16 / AMX); fp32 elsewhere.
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+              "float16": torch.float16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"unknown dtype {name!r} (auto, float32, bfloat16, float16)")
+    return dtypes[name]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        self.dtype = resolve_dtype(config.dtype, config.device)
+        ckpt = load_checkpoint(config.model, self.dtype)
+        self.model_config = ckpt.config
+        self.tokenizer: Tokenizer = ckpt.tokenizer
+        model = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, self.dtype, config.device)
+        del ckpt
+        ctx = self.model_config.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or ctx, ctx)
+        blocks = num_kv_blocks(config, self.model_config, self.dtype)
+        # The prefix-cache key names the model: blocks of different models never match.
+        self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
+        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.dtype, config.device)
+        self.runner = ModelRunner(model, kv, config.block_size)
+        self.scheduler = Scheduler(config, self.pool, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._finished_unreported: list[Request] = []
+        self.num_steps = 0
+
+    @property
+    def model(self) -> LlamaForCausalLM:
+        return self.runner.model
+
+    # -- requests --------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        session_id: str | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Queue a request; it joins the batch at the next step. deadline is a time.monotonic() value."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("empty prompt")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt_token_ids must be ints in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt of {len(ids)} tokens leaves no room to generate within max_model_len {self.max_model_len}"
+            )
+        stop = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.tokenizer.stop_token_ids
+        req = Request(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            params=params,
+            stop_token_ids=stop,
+            max_tokens=min(params.max_tokens, self.max_model_len - len(ids)),
+            generator=make_generator(params, self.config.seed, self.config.device),
+            metrics=RequestMetrics(arrival_time=time.perf_counter()),
+            session_id=session_id,
+            deadline=deadline,
+        )
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request in any state; its blocks return to the pool now. False if unknown/finished."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        self.scheduler.finish(req, FinishReason.ABORT)
+        self._finished_unreported.append(req)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._finished_unreported)
+
+    # -- one step --------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan: SchedulerOutput = self.scheduler.schedule()
+        finished = self._finished_unreported + plan.finished
+        self._finished_unreported = []
+        progressed = []
+        if plan.chunks:
+            t = time.perf_counter()
+            for c in plan.chunks:
+                c.request.metrics.first_scheduled_time = c.request.metrics.first_scheduled_time or t
+            seqs = [SeqInput(c.token_ids, c.request.num_computed_tokens, c.request.block_ids, c.sample)
+                    for c in plan.chunks]
+            logits = self.runner.forward(seqs)
+            sampling = [c.request for c in plan.chunks if c.sample]
+            tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+            finished += self.scheduler.update(plan, tokens)
+            progressed = [r for r in sampling if not r.finished]
+            self.num_steps += 1
+        outputs = [self._output(r) for r in progressed] + [self._output(r) for r in finished]
+        for r in finished:
+            self.requests.pop(r.request_id, None)
+        return outputs
+
+    def _output(self, req: Request) -> RequestOutput:
+        new = req.output_token_ids[req.num_sent_tokens :]
+        req.num_sent_tokens = len(req.output_token_ids)
+        text = ""
+        if req.finished:
+            shown = req.output_token_ids
+            if req.finish_reason == FinishReason.STOP:
+                shown = shown[:-1]  # the stop token itself is not text
+            text = self.tokenizer.decode(shown, skip_special_tokens=True)
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            token_ids=list(req.output_token_ids),
+            new_token_ids=new,
+            text=text,
+            finished=req.finished,
+            finish_reason=req.finish_reason,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            metrics=req.metrics,
+            error=req.error,
+        )
+
+    def stats(self) -> dict:
+        s, pool = self.scheduler.stats, self.pool
+        return {
+            "prefix_cache_queried_tokens": s.prefix_cache_queried_tokens,
+            "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+            "num_preemptions": s.num_preemptions,
+            "num_aborted": s.num_aborted,
+            "num_deadline_expired": s.num_deadline_expired,
+            "num_computed_tokens": s.num_computed_tokens,
+            "num_evictions": pool.num_evictions,
+            "num_blocks": pool.num_blocks,
+            "free_blocks": pool.num_free,
+            "cached_blocks": len(pool.cached),
+            "used_blocks": pool.num_used,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_steps": self.num_steps,
+        }

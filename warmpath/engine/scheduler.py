@@ -1,0 +1,223 @@
+"""One step's plan under a token budget: deadlines, running requests first, then FCFS admission with
+chunked prefill, and preemption by recompute when blocks run out.
+
+The scheduler knows requests, tokens and blocks; it never touches tensors, so the simulator can drive it
+with a cost model instead of a model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from warmpath.config import EngineConfig
+from warmpath.engine.kv_cache import BlockPool
+from warmpath.engine.request import FinishReason, Request, RequestStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    num_tokens: int  # tokens computed this step, from request.num_computed_tokens on
+    sample: bool  # after this chunk every token is computed: sample the next one
+
+    @property
+    def token_ids(self) -> list[int]:
+        start = self.request.num_computed_tokens
+        return self.request.all_token_ids[start : start + self.num_tokens]
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)  # finished before running (deadline, error)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+@dataclass
+class SchedulerStats:
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    num_preemptions: int = 0
+    num_aborted: int = 0
+    num_deadline_expired: int = 0
+    num_computed_tokens: int = 0  # tokens run through the model (prompt chunks, recomputes, decodes)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, pool: BlockPool, max_model_len: int):
+        self.config = config
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last one is preempted first
+        self.stats = SchedulerStats()
+        self.clock = time.monotonic
+
+    # -- requests in and out -------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        """Finish a request in any state; its blocks go back to the pool at once (full ones stay cached)."""
+        if req.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.error = error
+        req.metrics.finish_time = time.perf_counter()
+        if reason == FinishReason.ABORT:
+            self.stats.num_aborted += 1
+        elif reason == FinishReason.DEADLINE:
+            self.stats.num_deadline_expired += 1
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.num_registered_blocks = 0
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- the plan ------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        now = self.clock()
+        for req in [r for r in (*self.running, *self.waiting) if r.deadline is not None and now >= r.deadline]:
+            self.finish(req, FinishReason.DEADLINE)
+            out.finished.append(req)
+        budget = self.config.max_num_batched_tokens
+
+        # 1. Running requests: one decode token each, or the next chunk of an unfinished prefill.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._grow(req, n, out):
+                break  # req itself was preempted (it was the newest): nothing after it runs either
+            out.chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
+            budget -= n
+            i += 1
+
+        # 2. Waiting requests, FCFS (preempted ones are at the front), chunked to what is left of the budget.
+        # Not in a step that had to preempt: blocks are short, admitting would only thrash.
+        while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if self._blocks_for(req.num_tokens + 1) > self.pool.num_blocks:
+                self.finish(req, FinishReason.ERROR,
+                            f"request needs {self._blocks_for(req.num_tokens + 1)} KV blocks; the pool has "
+                            f"{self.pool.num_blocks} in all")
+                out.finished.append(req)
+                continue
+            if not self._admit(req, budget, out):
+                break  # head of line does not fit yet: keep FCFS order, wait for blocks
+            budget -= out.chunks[-1].num_tokens
+        return out
+
+    def _grow(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Make req's blocks cover n more tokens, preempting the newest running requests if needed.
+        False when req itself had to be preempted."""
+        need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
+        while need > self.pool.num_free:
+            victim = self.running[-1]
+            if victim is req and len(self.running) == 1:
+                # Alone and still no room: it can never finish in this pool.
+                self.finish(req, FinishReason.ERROR, f"request grew to {req.num_tokens} tokens; the KV pool "
+                            f"holds {self.pool.num_blocks * self.block_size}")
+                out.finished.append(req)
+                return False
+            self._preempt(victim, out)
+            if victim is req:
+                return False
+        if need > 0:
+            req.block_ids += self.pool.allocate(need)
+        return True
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        out.chunks = [c for c in out.chunks if c.request is not req]
+        self._release(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+        self.stats.num_preemptions += 1
+        log.warning(
+            "preempted request %s (%d tokens, recompute from the prefix cache); %d preemptions so far, "
+            "%d running, %d waiting, %d/%d blocks free",
+            req.request_id, req.num_tokens, self.stats.num_preemptions, len(self.running), len(self.waiting),
+            self.pool.num_free, self.pool.num_blocks,
+        )
+
+    def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
+        tokens = req.all_token_ids
+        req.block_hashes = self.pool.hashes(tokens, req.block_hashes)
+        # At least the last token is always computed: its logits give the next token.
+        usable = req.block_hashes[: (req.num_tokens - 1) // self.block_size]
+        hit = self.pool.find_cached_prefix(tokens, usable)
+        num_cached = len(hit) * self.block_size
+        n = min(req.num_tokens - num_cached, budget)
+        need = self._blocks_for(num_cached + n) - len(hit)
+        if need > self.pool.num_free - self.pool.num_evictable_among(hit):
+            return False
+        self.pool.touch(hit)
+        req.block_ids = hit + self.pool.allocate(need)
+        req.num_computed_tokens = num_cached
+        req.num_registered_blocks = len(hit)
+        if req.num_cached_tokens < 0:  # first admission: what the prefix cache saved this prompt
+            req.num_cached_tokens = num_cached
+            self.stats.prefix_cache_queried_tokens += req.num_tokens
+            self.stats.prefix_cache_hit_tokens += num_cached
+        self.waiting.popleft()
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        out.chunks.append(ScheduledChunk(req, n, num_cached + n == req.num_tokens))
+        return True
+
+    # -- after the model ran ---------------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
+        """Advance the scheduled requests by what was computed and sampled; returns those that finished."""
+        finished = []
+        sampling = [c for c in out.chunks if c.sample]
+        now = time.perf_counter()
+        for c in out.chunks:
+            req = c.request
+            req.num_computed_tokens += c.num_tokens
+            self.stats.num_computed_tokens += c.num_tokens
+            # Blocks now full of computed tokens become reusable prefix.
+            full = req.num_computed_tokens // self.block_size
+            if full > req.num_registered_blocks:
+                if len(req.block_hashes) < full:
+                    req.block_hashes = self.pool.hashes(req.all_token_ids[: full * self.block_size], req.block_hashes)
+                self.pool.cache_blocks(req.block_ids, req.all_token_ids, req.block_hashes[:full],
+                                       req.num_registered_blocks)
+                req.num_registered_blocks = full
+        for c, tok in zip(sampling, sampled, strict=True):
+            req = c.request
+            req.output_token_ids.append(tok)
+            req.metrics.first_token_time = req.metrics.first_token_time or now
+            if tok in req.stop_token_ids:
+                self.finish(req, FinishReason.STOP)
+            elif len(req.output_token_ids) >= req.max_tokens:
+                self.finish(req, FinishReason.LENGTH)
+            if req.finished:
+                finished.append(req)
+        return finished
