@@ -32,5 +32,9 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Benchmarks, one after another (never concurrently: two torch processes on 2 cores distort each other).
 bench: setup
 	$(BIN)/python benchmarks/model_speed.py $(ARGS)
+	$(BIN)/python benchmarks/bf16_agreement.py
+	$(BIN)/python benchmarks/warm_ttft.py
+	$(BIN)/python benchmarks/engine_batching.py

@@ -10,14 +10,12 @@ Decode = tokens/s of one stream after a 512-token prompt (64 tokens, greedy).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import sysconfig
 import time
-from pathlib import Path
 
 import torch
+from common import code_windows, machine, write_json
 from gguf import GGUFReader
 
 from warmpath import LLM, SamplingParams
@@ -26,15 +24,6 @@ from warmpath.models.registry import resolve_model
 
 PREFILL_SIZES = (512, 2048, 4000)
 DECODE_CONTEXT, DECODE_TOKENS = 512, 64
-
-
-def code_windows(tokenizer, n_tokens: int, count: int) -> list[list[int]]:
-    """`count` distinct windows of n_tokens ids from real stdlib sources."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    text = "".join(p.read_text(encoding="utf-8") for p in sorted(stdlib.glob("[a-m]*.py")))
-    ids = tokenizer.encode(text)
-    step = max(n_tokens, (len(ids) - n_tokens) // max(count, 1))
-    return [ids[i * step : i * step + n_tokens] for i in range(count)]
 
 
 class Warmpath:
@@ -113,9 +102,7 @@ def main() -> None:
             results.append({"system": cls.name, "dtype": dtype, **measure(system, windows, args.repeats)})
             del system
 
-    cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(": \t")
-    print(f"\nmachine: {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}; medians of "
-          f"{args.repeats}\n")
+    print(f"\nmachine: {machine()}; medians of {args.repeats}\n")
     head = "| system | dtype | " + " | ".join(f"prefill {n}" for n in PREFILL_SIZES) + " | decode tok/s |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
@@ -129,11 +116,7 @@ def main() -> None:
             ratios = ", ".join(f"prefill {n} {r[f'prefill_{n}_s'] / b[f'prefill_{n}_s']:.2f}x time"
                                for n in PREFILL_SIZES)
             print(f"warmpath/transformers {r['dtype']}: {ratios}, decode {r['decode_tps'] / b['decode_tps']:.2f}x tok/s")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": cpu, "threads": torch.get_num_threads(), "repeats": args.repeats,
-                               "results": results}, indent=2))
-    print(f"\nwrote {out}")
+    write_json(args.json, {"machine": machine(), "repeats": args.repeats, "results": results})
 
 
 if __name__ == "__main__":

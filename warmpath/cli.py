@@ -15,6 +15,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field (--max-num-batched-tokens <-> max_num_batched_tokens)."""
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            continue
         kind = int if "int" in str(f.type) else str
         parser.add_argument(flag, type=kind, default=f.default, help=f"(default: {f.default})")
 

@@ -36,3 +36,18 @@ def test_cli_reports_missing_model_cleanly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve"], capture_output=True, text=True, env=env)
     assert r.returncode == 2
     assert "warmpath fetch-model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_flags_map_one_to_one_to_engine_config():
+    import argparse
+
+    from warmpath.cli import add_engine_flags, engine_config
+    from warmpath.config import EngineConfig
+
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    cfg = engine_config(parser.parse_args(["--no-enable-prefix-caching", "--max-num-batched-tokens", "64",
+                                           "--dtype", "float32", "--num-kv-blocks", "10"]))
+    assert cfg == EngineConfig(enable_prefix_caching=False, max_num_batched_tokens=64, dtype="float32",
+                               num_kv_blocks=10)
+    assert engine_config(parser.parse_args([])) == EngineConfig()
