@@ -8,12 +8,12 @@ import logging
 import sys
 import time
 
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, ServerConfig
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig field (--max-num-batched-tokens <-> max_num_batched_tokens)."""
-    for f in dataclasses.fields(EngineConfig):
+def add_flags(parser: argparse.ArgumentParser, cls) -> None:
+    """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens)."""
+    for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if str(f.type) == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
@@ -22,8 +22,16 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=kind, default=f.default, help=f"(default: {f.default})")
 
 
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    add_flags(parser, EngineConfig)
+
+
+def from_args(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+    return from_args(EngineConfig, args)
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
@@ -35,22 +43,22 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    # The HTTP server arrives with the server issue; until then `serve` loads the engine, shows what it
-    # loaded and proves it generates.
-    from warmpath import LLM, SamplingParams
+    import uvicorn
 
-    cfg = engine_config(args)
+    from warmpath.engine.engine import Engine
+    from warmpath.server.app import create_app
+
+    cfg, server = engine_config(args), from_args(ServerConfig, args)
     t = time.perf_counter()
-    llm = LLM(**dataclasses.asdict(cfg))
-    m = llm.model_config
+    engine = Engine(cfg)
+    m = engine.model_config
     print(f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} layers, "
           f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
-          f"context {llm.max_model_len}, dtype {str(llm.dtype).removeprefix('torch.')}, "
-          f"KV pool {llm.engine.pool.num_blocks} blocks x {cfg.block_size} tokens")
-    prompt = "def fibonacci(n):\n"
-    out = llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0))[0]
-    print(f"smoke completion of {prompt!r}: {out.text!r} (ttft {out.metrics.ttft * 1000:.0f} ms)")
-    print("the HTTP server is not built yet (see the server issue); exiting")
+          f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+          f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens", flush=True)
+    app = create_app(engine, server)
+    print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
+    uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level.lower(), access_log=False)
     return 0
 
 
@@ -61,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("fetch-model", help="download the bundled model into $WARMPATH_HOME/models")
     p.add_argument("name", nargs="?", default="smollm2")
     p.set_defaults(func=cmd_fetch_model)
-    p = sub.add_parser("serve", help="load a model and serve it")
+    p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     add_engine_flags(p)
+    add_flags(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

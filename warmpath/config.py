@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -56,4 +56,6 @@ class EngineConfig:
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413
+    served_model_name: str | None = None  # default: the engine's model spec

@@ -26,7 +26,9 @@ def test_str_and_token_id_prompts_agree(llm):
     assert a.prompt_token_ids == ids and a.token_ids == b.token_ids and len(a.token_ids) == 12
     assert a.text == llm.get_tokenizer().decode(a.token_ids)
     assert a.finish_reason == FinishReason.LENGTH
-    assert a.metrics.ttft is not None and a.metrics.ttft > 0
+    m = a.metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
+    assert m.ttft > 0 and m.tpot > 0 and m.num_output_tokens == 12
 
 
 def test_batch_equals_one_at_a_time_and_chunking_changes_nothing(llm, tiny_llama_dir):
@@ -64,8 +66,8 @@ def test_limits_give_clear_errors(llm, tiny_llama_dir):
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate({"prompt_token_ids": [10**6]}, GREEDY)
     small = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=2)
-    out = small.generate({"prompt_token_ids": [5] * 40}, GREEDY)[0]  # finished with a clear error, no hang
-    assert out.finish_reason == FinishReason.ERROR and "pool has 2" in out.error
+    with pytest.raises(PromptTooLongError, match="KV pool"):  # can never fit: refused up front
+        small.generate({"prompt_token_ids": [5] * 40}, GREEDY)
     grows = small.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
     assert grows.finish_reason == FinishReason.ERROR and "KV pool holds 32" in grows.error
     assert len(grows.token_ids) == 32 - 20 + 1

@@ -81,15 +81,7 @@ class Engine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = list(prompt_token_ids)
-        if not ids:
-            raise ValueError("empty prompt")
-        vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt_token_ids must be ints in [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt of {len(ids)} tokens leaves no room to generate within max_model_len {self.max_model_len}"
-            )
+        self.validate(ids, params)
         stop = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= self.tokenizer.stop_token_ids
@@ -106,6 +98,23 @@ class Engine:
         )
         self.requests[request_id] = req
         self.scheduler.add(req)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError / PromptTooLongError for a request that can never run. Changes nothing."""
+        if not prompt_token_ids:
+            raise ValueError("empty prompt")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt_token_ids must be ints in [0, {vocab})")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt of {n} tokens leaves no room to generate within max_model_len {self.max_model_len}"
+            )
+        if -(-(n + 1) // self.pool.block_size) > self.pool.num_blocks:
+            raise PromptTooLongError(
+                f"prompt of {n} tokens does not fit the KV pool ({self.pool.num_blocks * self.pool.block_size} tokens)"
+            )
 
     def abort(self, request_id: str) -> bool:
         """Finish a request in any state; its blocks return to the pool now. False if unknown/finished."""

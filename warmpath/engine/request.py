@@ -58,16 +58,18 @@ class RequestMetrics:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    num_output_tokens: int = 0
 
     @property
     def ttft(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
-    def tpot(self, num_tokens: int) -> float | None:
+    @property
+    def tpot(self) -> float | None:
         """Mean time per output token after the first."""
-        if self.finish_time is None or self.first_token_time is None or num_tokens < 2:
+        if self.finish_time is None or self.first_token_time is None or self.num_output_tokens < 2:
             return None
-        return (self.finish_time - self.first_token_time) / (num_tokens - 1)
+        return (self.finish_time - self.first_token_time) / (self.num_output_tokens - 1)
 
 
 @dataclass

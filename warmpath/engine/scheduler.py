@@ -213,6 +213,7 @@ class Scheduler:
         for c, tok in zip(sampling, sampled, strict=True):
             req = c.request
             req.output_token_ids.append(tok)
+            req.metrics.num_output_tokens = len(req.output_token_ids)
             req.metrics.first_token_time = req.metrics.first_token_time or now
             if tok in req.stop_token_ids:
                 self.finish(req, FinishReason.STOP)

@@ -1,0 +1,55 @@
+"""A real uvicorn server on a loopback socket, in a thread of the test process (so tests can also look at
+the engine behind it), plus waiting on engine steps without sleeping."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+
+from warmpath.config import EngineConfig, ServerConfig
+from warmpath.engine.engine import Engine
+from warmpath.server.app import create_app
+
+
+@contextmanager
+def running_server(engine_config: EngineConfig, server_config: ServerConfig | None = None):
+    engine = Engine(engine_config)
+    app = create_app(engine, server_config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    ready = time.monotonic() + 30
+    while not server.started:  # readiness, bounded: uvicorn exposes no event for it
+        if time.monotonic() > ready or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def wait_for_step(app, condition, timeout: float = 60.0) -> None:
+    """Block until condition(engine) holds after some engine step."""
+    event = threading.Event()
+
+    def listener(engine):
+        if condition(engine):
+            event.set()
+
+    async_engine = app.state.async_engine
+    async_engine.step_listeners.append(listener)
+    try:
+        if not (condition(app.state.engine) or event.wait(timeout)):
+            raise TimeoutError("condition not reached")
+    finally:
+        async_engine.step_listeners.remove(listener)

@@ -1,0 +1,166 @@
+"""AsyncEngine: the Engine steps in its own thread; each request gets an asyncio stream of deltas.
+
+Only the step thread touches the Engine. The event loop hands it commands (add, abort) through a thread-safe
+queue that is drained at every step boundary, and gets outputs back with call_soon_threadsafe. torch releases
+the GIL inside its kernels, so the HTTP loop keeps serving while a step computes. When there is no work the
+thread sleeps on an Event; a new command wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from warmpath.engine.engine import Engine
+from warmpath.engine.request import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop died; the server answers 503 until restarted."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    session_id: str | None
+    deadline: float | None
+    stream: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Add] = {}
+        self._stop = False
+        self.error: BaseException | None = None
+        # Seconds per computed token, smoothed: the queue estimate behind "overloaded".
+        self.seconds_per_token = 0.0
+        self.step_overhead = 0.0
+        # Called in the step thread after every step with the engine (metrics, tests). Must be quick.
+        self.step_listeners: list = []
+        self._thread = threading.Thread(target=self._run, name="warmpath-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # -- event-loop side -------------------------------------------------------------------------------
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        session_id: str | None = None,
+        deadline: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs. Leaving the iteration early (client gone, cancelled) aborts it."""
+        if not self.alive:
+            raise EngineDeadError("the engine loop is not running")
+        self.engine.validate(prompt_token_ids, params)  # bad input fails here, in the caller
+        stream: asyncio.Queue = asyncio.Queue()
+        self._commands.put(_Add(request_id, prompt_token_ids, params, session_id, deadline, stream,
+                                asyncio.get_running_loop()))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+        self._wake.set()
+
+    def estimate_wait(self) -> float:
+        """Seconds until a new request could be scheduled: the prompt tokens queued ahead of it (waiting
+        requests and unfinished prefills), at the measured cost per token and per step."""
+        sched = self.engine.scheduler
+        ahead = sum(r.num_tokens - r.num_computed_tokens - 1 for r in list(sched.waiting) + list(sched.running))
+        steps = -(-ahead // self.engine.config.max_num_batched_tokens)
+        return ahead * self.seconds_per_token + steps * self.step_overhead
+
+    # -- step thread -----------------------------------------------------------------------------------
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Add):
+                try:
+                    self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.session_id,
+                                            cmd.deadline)
+                    self._streams[cmd.request_id] = cmd
+                except Exception as e:  # validated already; anything left goes back to its caller
+                    cmd.loop.call_soon_threadsafe(cmd.stream.put_nowait, e)
+            else:
+                self.engine.abort(cmd.request_id)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                self._drain_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                before = self.engine.stats()["num_computed_tokens"]
+                t = time.perf_counter()
+                outputs = self.engine.step()
+                self._learn_cost(self.engine.stats()["num_computed_tokens"] - before, time.perf_counter() - t)
+                for listener in self.step_listeners:
+                    listener(self.engine)
+                for out in outputs:
+                    sub = self._streams.get(out.request_id)
+                    if sub is None:
+                        continue
+                    if out.finished:
+                        del self._streams[out.request_id]
+                    sub.loop.call_soon_threadsafe(sub.stream.put_nowait, out)
+        except BaseException as e:  # the loop is dead: every waiter hears it, /health turns 503
+            log.exception("engine loop died")
+            self.error = e
+            for sub in self._streams.values():
+                sub.loop.call_soon_threadsafe(sub.stream.put_nowait, EngineDeadError(f"engine loop died: {e!r}"))
+            self._streams.clear()
+
+    def _learn_cost(self, tokens: int, seconds: float) -> None:
+        """Step time ~ overhead + tokens x cost: small steps (decodes) teach the overhead, big ones the cost."""
+        def ema(old: float, new: float) -> float:
+            return new if old == 0 else 0.8 * old + 0.2 * new
+
+        if tokens >= 64:
+            self.seconds_per_token = ema(self.seconds_per_token, max(0.0, seconds - self.step_overhead) / tokens)
+        elif tokens > 0:
+            self.step_overhead = ema(self.step_overhead, seconds)

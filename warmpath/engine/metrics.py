@@ -1,0 +1,66 @@
+"""Prometheus metrics for the engine and the server, prefix `warmpath_`.
+
+Engine counters and gauges are read from Engine.stats() at scrape time (one source of truth); latency
+histograms and per-reason abort counts are observed by the server as requests finish.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from warmpath.engine.engine import Engine
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self):
+        s = self.engine.stats()
+        for name, key, doc in (
+            ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache"),
+            ("prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
+            ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
+            ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),
+            ("computed_tokens", "num_computed_tokens", "Tokens run through the model"),
+        ):
+            c = CounterMetricFamily(f"warmpath_{name}", doc)
+            c.add_metric([], s[key])
+            yield c
+        for name, value, doc in (
+            ("num_requests_running", s["num_running"], "Requests holding KV blocks"),
+            ("num_requests_waiting", s["num_waiting"], "Requests queued (new or preempted)"),
+            ("kv_cache_usage_ratio", s["used_blocks"] / s["num_blocks"], "Share of KV blocks held by requests"),
+            ("kv_cache_cached_blocks", s["cached_blocks"], "Blocks holding a reusable prefix"),
+        ):
+            g = GaugeMetricFamily(f"warmpath_{name}", doc)
+            g.add_metric([], value)
+            yield g
+
+
+class Metrics:
+    def __init__(self, engine: Engine):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine))
+        r = self.registry
+        self.ttft = Histogram("warmpath_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
+                              registry=r)
+        self.tpot = Histogram("warmpath_time_per_output_token_seconds", "Time per output token after the first",
+                              buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5, 1.0, 2.5), registry=r)
+        self.e2e = Histogram("warmpath_e2e_request_latency_seconds", "Receipt to last token", buckets=LATENCY_BUCKETS,
+                             registry=r)
+        self.prompt_tokens = Counter("warmpath_prompt_tokens", "Prompt tokens received", registry=r)
+        self.generation_tokens = Counter("warmpath_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("warmpath_requests", "Requests answered, by finish reason", ["finish_reason"],
+                                registry=r)
+        self.aborted = Counter("warmpath_requests_aborted", "Requests ended early, by reason", ["reason"],
+                               registry=r)
+        for reason in ("client", "deadline", "overloaded"):
+            self.aborted.labels(reason)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,80 @@
+"""OpenAI-compatible request bodies (pydantic) and the error object."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class SamplingFields(BaseModel):
+    # Unknown fields are ignored, as OpenAI clients send many we have no use for.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    seed: int | None = None
+    user: str | None = Field(default=None, max_length=256)
+    n: int = Field(default=1, ge=1, le=1)  # one choice per request: an editor wants one suggestion
+    stream_options: dict | None = None
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def stop_list(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 8 or any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop: at most 8 non-empty strings of at most 256 characters")
+        return stops
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    suffix: str | None = None
+    max_tokens: int | None = Field(default=16, ge=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def one_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
+                raise ValueError("one prompt per request")
+            v = v[0]
+        if isinstance(v, list) and any(t < 0 for t in v):
+            raise ValueError("token ids must be non-negative")
+        if not v:
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # content parts: keep the text ones
+            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message[:1000], "type": type_, "param": param, "code": code}}
