@@ -27,6 +27,9 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -40,8 +43,8 @@ class SamplingParams:
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -49,7 +52,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflows fp32; the limit of sampling there is greedy anyway.
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass

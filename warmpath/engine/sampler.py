@@ -26,6 +26,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # Keep a token while the mass before it is < top_p (so the top token is always kept).
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted[0] = False  # explicitly: a top_p that underflows fp32 (5e-324) must not drop everything
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

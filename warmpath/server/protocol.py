@@ -19,7 +19,7 @@ class SamplingFields(BaseModel):
     top_k: int = Field(default=0, ge=0)
     stop: str | list[str] | None = None
     stream: bool = False
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     user: str | None = Field(default=None, max_length=256)
     n: int = Field(default=1, ge=1, le=1)  # one choice per request: an editor wants one suggestion
     stream_options: dict | None = None
