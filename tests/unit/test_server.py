@@ -3,6 +3,8 @@ cancel on disconnect, deadlines and overload as silence, bad input, sessions, me
 
 import asyncio
 import json
+import socket
+import threading
 
 import httpx
 import openai
@@ -101,12 +103,11 @@ def test_disconnect_aborts_and_returns_blocks(server, phase):
                     if reached(engine):
                         break  # leaving the block closes the connection mid-stream
         else:
-            import threading
-
-            t = threading.Thread(target=lambda: _post_and_drop(url, body), daemon=True)
+            drop = threading.Event()
+            t = threading.Thread(target=_post_and_drop, args=(url, body, drop), daemon=True)
             t.start()
             wait_for_step(app, reached)
-            _DROP.set()
+            drop.set()
             t.join(timeout=60)
     steps_at_close = engine.num_steps
     wait_for_step(app, lambda e: not e.requests and e.pool.num_used == 0 or e.num_steps > steps_at_close + 50)
@@ -115,22 +116,14 @@ def test_disconnect_aborts_and_returns_blocks(server, phase):
     assert _aborted(url, "client") == before + 1
 
 
-import threading  # noqa: E402
-
-_DROP = threading.Event()
-
-
-def _post_and_drop(url: str, body: dict) -> None:
-    """A non-streaming client that gives up while the server is still computing."""
-    import socket
-
+def _post_and_drop(url: str, body: dict, drop: threading.Event) -> None:
+    """A non-streaming client that gives up (closes its socket) while the server is still computing."""
     payload = json.dumps(body).encode()
     host, port = url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-    _DROP.wait(60)
-    _DROP.clear()
+    drop.wait(60)
     s.close()
 
 
@@ -153,18 +146,18 @@ def test_overloaded_is_answered_at_once(server):
             work = [asyncio.create_task(http.post(f"{url}/v1/completions", json={**busy, "prompt": f"#{i}\n" + busy["prompt"]}))
                     for i in range(12)]
             await asyncio.to_thread(wait_for_step, app, lambda e: len(e.scheduler.waiting) >= 4)
-            queried = engine.stats()["prefix_cache_queried_tokens"]
+            before = _aborted(url, "overloaded")
             late = await http.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 5},
                                    headers={"X-Deadline-Ms": "50"})
-            never_queued = engine.stats()["prefix_cache_queried_tokens"] == queried and not any(
-                r.request_id.startswith("comp") and r.prompt_token_ids == [] for r in engine.requests.values())
+            # Answered while the queue ahead of it was still there: it did not wait its turn.
+            answered_early = engine.has_unfinished_requests()
             await asyncio.gather(*work)
-            return late, never_queued
+            return late, answered_early, before
 
-    late, never_queued = asyncio.run(burst())
-    assert late.status_code == 200 and never_queued
+    late, answered_early, before = asyncio.run(burst())
+    assert late.status_code == 200 and answered_early
     assert late.json()["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "overloaded"}
-    assert _aborted(url, "overloaded") >= 1
+    assert _aborted(url, "overloaded") == before + 1
 
 
 BAD = [
