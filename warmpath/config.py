@@ -49,6 +49,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
+    # Threads for decode-only steps when serving (memory-bound; a spare core may keep HTTP wake-ups from
+    # stalling them: benchmarks/server_contention.py --num-decode-threads). Default: num_threads.
+    num_decode_threads: int | None = None
     seed: int = 0
 
 

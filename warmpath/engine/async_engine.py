@@ -16,6 +16,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import torch
+
 from warmpath.engine.engine import Engine
 from warmpath.engine.request import RequestOutput, SamplingParams
 
@@ -55,6 +57,9 @@ class AsyncEngine:
         self.step_overhead = 0.0
         # Called in the step thread after every step with the engine (metrics, tests). Must be quick.
         self.step_listeners: list = []
+        self.prefill_threads = torch.get_num_threads()
+        self.decode_threads = engine.config.num_decode_threads or self.prefill_threads
+        self._threads = self.prefill_threads
         self._thread = threading.Thread(target=self._run, name="warmpath-engine", daemon=True)
         self._thread.start()
 
@@ -136,6 +141,7 @@ class AsyncEngine:
                     self._wake.clear()
                     continue
                 before = self.engine.stats()["num_computed_tokens"]
+                self._pick_threads()
                 t = time.perf_counter()
                 outputs = self.engine.step()
                 self._learn_cost(self.engine.stats()["num_computed_tokens"] - before, time.perf_counter() - t)
@@ -154,6 +160,17 @@ class AsyncEngine:
             for sub in self._streams.values():
                 sub.loop.call_soon_threadsafe(sub.stream.put_nowait, EngineDeadError(f"engine loop died: {e!r}"))
             self._streams.clear()
+
+    def _pick_threads(self) -> None:
+        """Decode-only steps read weights (memory-bound) and may run on fewer threads (num_decode_threads),
+        leaving a core to the HTTP side, whose wake-ups can stall an OpenMP region. Prefill steps are
+        compute-bound and get every thread."""
+        sched = self.engine.scheduler
+        decode_only = not sched.waiting and all(r.num_computed_tokens == r.num_tokens - 1 for r in sched.running)
+        want = self.decode_threads if decode_only else self.prefill_threads
+        if want != self._threads:
+            torch.set_num_threads(want)
+            self._threads = want
 
     def _learn_cost(self, tokens: int, seconds: float) -> None:
         """Step time ~ overhead + tokens x cost: small steps (decodes) teach the overhead, big ones the cost."""
