@@ -170,3 +170,27 @@ def test_bad_requests_are_refused(tiny_long_dir):
         engine.add_request("a", [5, 6, 7], GREEDY)
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("b", [], GREEDY)
+
+
+def test_a_failing_step_fails_its_requests_not_the_engine(tiny_long_dir, prompts):
+    engine = make(tiny_long_dir)
+    real_forward = engine.runner.forward
+    calls = {"n": 0}
+
+    def flaky(seqs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated kernel failure")
+        return real_forward(seqs)
+
+    engine.runner.forward = flaky
+    long = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    engine.add_request("a", prompts[0][:40], long)
+    engine.add_request("b", prompts[1][:40], long)
+    engine.step()
+    outs = {o.request_id: o for o in engine.step()}
+    assert {o.finish_reason for o in outs.values()} == {FinishReason.ERROR}
+    assert "simulated kernel failure" in outs["a"].error
+    check_pool_invariants(engine)
+    assert engine.pool.num_used == 0 and not engine.has_unfinished_requests()
+    assert run(engine, [prompts[2][:40]]) == run(make(tiny_long_dir), [prompts[2][:40]])  # still serving

@@ -248,3 +248,23 @@ def test_api_key_and_dead_engine(tiny_llama_dir):
         assert httpx.get(f"{url}/health").status_code == 503
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, headers=auth)
         assert r.status_code == 503
+
+
+def test_a_failing_step_answers_error_and_the_server_lives_on(server):
+    url, app = server
+    runner = app.state.engine.runner
+    real = runner.forward
+
+    def fail_once(seqs):
+        runner.forward = real
+        raise RuntimeError("simulated kernel failure")
+
+    runner.forward = fail_once
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 5}, timeout=60)
+    finally:
+        runner.forward = real
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "error"
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    ok = httpx.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 5}, timeout=60).json()
+    assert ok["choices"][0]["finish_reason"] in ("length", "stop")

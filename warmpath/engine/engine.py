@@ -140,12 +140,23 @@ class Engine:
                 c.request.metrics.first_scheduled_time = c.request.metrics.first_scheduled_time or t
             seqs = [SeqInput(c.token_ids, c.request.num_computed_tokens, c.request.block_ids, c.sample)
                     for c in plan.chunks]
-            logits = self.runner.forward(seqs)
             sampling = [c.request for c in plan.chunks if c.sample]
-            tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+            try:
+                logits = self.runner.forward(seqs)
+                tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+            except Exception as e:  # fail this step's requests, not the engine: the others keep running
+                log.exception("step failed; finishing its %d requests with an error", len(plan.chunks))
+                for c in plan.chunks:
+                    self.scheduler.finish(c.request, FinishReason.ERROR, f"internal error in the model step: {e!r}")
+                    finished.append(c.request)
+                self.num_steps += 1
+                return self._report([], finished)
             finished += self.scheduler.update(plan, tokens)
             progressed = [r for r in sampling if not r.finished]
             self.num_steps += 1
+        return self._report(progressed, finished)
+
+    def _report(self, progressed: list[Request], finished: list[Request]) -> list[RequestOutput]:
         outputs = [self._output(r) for r in progressed] + [self._output(r) for r in finished]
         for r in finished:
             self.requests.pop(r.request_id, None)

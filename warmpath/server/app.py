@@ -67,7 +67,7 @@ def _finish_reason(out: RequestOutput, detok: IncrementalDetokenizer) -> str:
     if detok.stopped:
         return "stop"
     return {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
-            FinishReason.ERROR: "length", FinishReason.ABORT: "abort"}[out.finish_reason]
+            FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}[out.finish_reason]
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
