@@ -191,6 +191,9 @@ def test_bad_input_gets_an_openai_error(server, payload, status):
 
 def test_bad_headers_and_chat(server):
     url, _ = server
+    r = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "' + b"x" * (5 << 20) + b'"}',
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "error" in r.json()
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, headers={"X-Deadline-Ms": "soon"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "X-Deadline-Ms"
     r = httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
