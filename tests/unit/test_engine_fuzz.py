@@ -33,7 +33,8 @@ def engine(tiny_llama_dir):
                                max_num_batched_tokens=16, max_num_seqs=4))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, derandomize=True,  # same sequences every run: CI stays stable
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops)
 def test_random_sequences_never_leak(engine, sequence):
     clock = FakeClock()

@@ -24,7 +24,7 @@ def test_no_input_gets_a_5xx(served):
         operation = op.ok()
         strategy = operation.as_strategy()
 
-        @settings(max_examples=40, deadline=None, database=None,
+        @settings(max_examples=40, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
         @given(case=strategy)
         def run(case):
