@@ -2,7 +2,7 @@
 
     python benchmarks/server_contention.py [--dtype auto]
 
-1. One stream's decode tokens/s (median of 3): offline (Engine in this process) vs through `warmpath serve`
+1. One stream's decode tokens/s (median of --repeats): offline (Engine in this process) vs through `warmpath serve`
    (SSE, measured by the client from first to last token, and by the server's own TPOT histogram) — same
    prompt, same machine, one after the other. --num-threads / --num-decode-threads set torch threads.
 2. The event loop's responsiveness: GET /health latency p50 / p99 on an idle server and while the server
@@ -26,14 +26,13 @@ from common import code_windows, machine, percentile, write_json
 from warmpath import LLM, SamplingParams
 
 DECODE = 64
-REPEATS = 3
 
 
-def offline_decode_tps(dtype: str, prompt: list[int], threads: int | None) -> float:
+def offline_decode_tps(dtype: str, prompt: list[int], threads: int | None, repeats: int) -> float:
     llm = LLM("smollm2", dtype=dtype, num_threads=threads)
     llm.generate({"prompt_token_ids": prompt[:32]}, SamplingParams(max_tokens=2, temperature=0))
     rates = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         m = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=DECODE + 1, temperature=0,
                                                                       ignore_eos=True))[0].metrics
         rates.append(DECODE / (m.finish_time - m.first_token_time))
@@ -84,6 +83,7 @@ async def health_latency(url: str, busy: list[list[int]] | None, big: list[int] 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-threads", type=int, default=None, help="torch threads, offline and in the server")
     ap.add_argument("--num-decode-threads", type=int, default=None, help="the server's decode-only steps")
     ap.add_argument("--json", default="benchmarks/results/server_contention.json")
@@ -92,7 +92,7 @@ def main() -> None:
     prompt = code_windows(llm_tok, 512, 1)[0]
     busy = code_windows(llm_tok, 256, 8)
     big = code_windows(llm_tok, 4000, 2)[1]
-    offline = offline_decode_tps(args.dtype, prompt, args.num_threads)
+    offline = offline_decode_tps(args.dtype, prompt, args.num_threads, args.repeats)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,7 +110,7 @@ def main() -> None:
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        runs = [asyncio.run(served_decode_tps(url, prompt)) for _ in range(REPEATS)]
+        runs = [asyncio.run(served_decode_tps(url, prompt)) for _ in range(args.repeats)]
         served = statistics.median(r[0] for r in runs)
         served_own = statistics.median(r[1] for r in runs)
         idle = asyncio.run(health_latency(url, None, None))

@@ -49,8 +49,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
-    # Threads for decode-only steps when serving (memory-bound; a spare core may keep HTTP wake-ups from
-    # stalling them: benchmarks/server_contention.py --num-decode-threads). Default: num_threads.
+    # Threads for decode-only steps when serving (memory-bound; a spare core keeps HTTP wake-ups from
+    # stalling them: benchmarks/server_contention.py). Default: num_threads - 1 with 2-4 threads, else all.
     num_decode_threads: int | None = None
     seed: int = 0
 

@@ -58,7 +58,10 @@ class AsyncEngine:
         # Called in the step thread after every step with the engine (metrics, tests). Must be quick.
         self.step_listeners: list = []
         self.prefill_threads = torch.get_num_threads()
-        self.decode_threads = engine.config.num_decode_threads or self.prefill_threads
+        # On a small machine a decode step on every core is stalled by each HTTP wake-up (OpenMP stragglers);
+        # one core fewer for decode-only steps is faster end to end (benchmarks/server_contention.py).
+        spare = self.prefill_threads - 1 if 2 <= self.prefill_threads <= 4 else self.prefill_threads
+        self.decode_threads = engine.config.num_decode_threads or spare
         self._threads = self.prefill_threads
         self._thread = threading.Thread(target=self._run, name="warmpath-engine", daemon=True)
         self._thread.start()
@@ -162,9 +165,9 @@ class AsyncEngine:
             self._streams.clear()
 
     def _pick_threads(self) -> None:
-        """Decode-only steps read weights (memory-bound) and may run on fewer threads (num_decode_threads),
-        leaving a core to the HTTP side, whose wake-ups can stall an OpenMP region. Prefill steps are
-        compute-bound and get every thread."""
+        """Decode-only steps read weights (memory-bound) and run on decode_threads, leaving a core to the
+        HTTP side, whose wake-ups otherwise stall the step's OpenMP regions. Prefill steps are compute-bound
+        and get every thread."""
         sched = self.engine.scheduler
         decode_only = not sched.waiting and all(r.num_computed_tokens == r.num_tokens - 1 for r in sched.running)
         want = self.decode_threads if decode_only else self.prefill_threads
