@@ -59,7 +59,7 @@ class Engine:
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.dtype, config.device)
         self.runner = ModelRunner(model, kv, config.block_size)
-        self.scheduler = Scheduler(config, self.pool, self.max_model_len)
+        self.scheduler = Scheduler(config, self.pool)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0

@@ -53,11 +53,10 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: BlockPool, max_model_len: int):
+    def __init__(self, config: EngineConfig, pool: BlockPool):
         self.config = config
         self.pool = pool
         self.block_size = pool.block_size
-        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is preempted first
         self.stats = SchedulerStats()

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -60,7 +60,6 @@ class Job:
     num_cached: int = 0
     finish_reason: str | None = None
     first_token: float | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _finish_reason(out: RequestOutput, detok: IncrementalDetokenizer) -> str:
