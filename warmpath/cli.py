@@ -1,4 +1,4 @@
-"""warmpath command line: fetch-model, serve (route | bench | simulate | complete arrive with their issues)."""
+"""warmpath command line: fetch-model, serve, bench, complete (route | simulate arrive with their issues)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from warmpath.bench import run
+
+    return run(args)
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from warmpath.client.complete import complete_at
+
+    return asyncio.run(complete_at(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmpath", description="serving stack for AI code completion")
     parser.add_argument("--log-level", default="INFO")
@@ -73,8 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_flags(p)
     add_flags(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("bench", help="replay real-code traffic against a server (and baselines); TTFT, goodput, "
+                                     "hit rate")
+    from warmpath.bench import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("complete", help="one completion at FILE:LINE:COL, the way an editor asks for it")
+    from warmpath.client.complete import add_arguments as add_complete_arguments
+
+    add_complete_arguments(p)
+    p.set_defaults(func=cmd_complete)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request drowns the client's output
     try:
         return args.func(args)
     except FileNotFoundError as e:  # ModelNotFoundError included: its message says what to run

@@ -57,6 +57,8 @@ class Metrics:
                              registry=r)
         self.prompt_tokens = Counter("warmpath_prompt_tokens", "Prompt tokens received", registry=r)
         self.generation_tokens = Counter("warmpath_generation_tokens", "Tokens generated", registry=r)
+        self.wasted_tokens = Counter("warmpath_wasted_tokens", "Tokens generated for requests nobody saw the end of "
+                                     "(client gone, or past the deadline)", registry=r)
         self.requests = Counter("warmpath_requests", "Requests answered, by finish reason", ["finish_reason"],
                                 registry=r)
         self.aborted = Counter("warmpath_requests_aborted", "Requests ended early, by reason", ["reason"],

@@ -211,6 +211,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         metrics.requests.labels(job.finish_reason).inc()
         metrics.prompt_tokens.inc(len(job.prompt_ids))
         metrics.generation_tokens.inc(job.num_generated)
+        if job.finish_reason in ("abort", "deadline"):
+            metrics.wasted_tokens.inc(job.num_generated)
         now = time.monotonic()
         metrics.e2e.observe(now - job.received)
         if job.first_token is not None:

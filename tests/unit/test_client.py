@@ -1,0 +1,159 @@
+"""The editor-like client against a real server on loopback (tiny model): a burst of keystrokes leaves exactly
+one request alive and the server aborts the rest; debounce; the client deadline drops silently; `warmpath
+complete`; `warmpath bench` end to end (JSON + PNG)."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from server_harness import running_server, wait_for_step
+
+from warmpath import LLM, SamplingParams
+from warmpath.bench.runner import replay
+from warmpath.cli import main
+from warmpath.client import CANCELLED, COMPLETED, DROPPED, SHOWN, ClientConfig, EditorClient, Target
+from warmpath.client.completion import monotonic_clock
+from warmpath.config import EngineConfig
+from warmpath.workloads import AgentParams, agent_trace
+
+CODE = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_long_dir):
+    # A small token budget makes a ~700-token prompt take ~11 steps: keystrokes land while it is in flight.
+    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=2048, max_num_batched_tokens=64)
+    with running_server(cfg) as (url, app):
+        yield url, app
+
+
+def counter(url: str, name: str, label: str = "") -> float:
+    text = httpx.get(f"{url}/metrics").text
+    prefix = f"{name}{{{label}}}" if label else name
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix + " "))
+
+
+def finished(url: str) -> float:
+    return sum(counter(url, "warmpath_requests_total", f'finish_reason="{r}"') for r in ("stop", "length"))
+
+
+def test_a_burst_of_keystrokes_leaves_one_request_alive_and_the_server_aborts_the_rest(server):
+    url, app = server
+    engine = app.state.engine
+    aborted0, finished0 = counter(url, "warmpath_requests_aborted_total", 'reason="client"'), finished(url)
+    cfg = ClientConfig(debounce_ms=20, deadline_ms=60_000, max_time_ms=60_000, max_tokens=64)
+    seen: set[str] = set()
+
+    def arrived(n):
+        def cond(e):
+            seen.update(e.requests)
+            return len(seen) >= n
+        return cond
+
+    async def burst():
+        records = []
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = EditorClient(http, Target(url), "dev-burst", cfg, records, monotonic_clock())
+            text = "# burst\n" + CODE * 14
+            for k in range(5):  # each key lands while the previous key's request is being computed
+                client.keystroke(text + "x" * (k + 1))
+                await asyncio.to_thread(wait_for_step, app, arrived(k + 1))
+            await client.idle()
+        return client, records
+
+    client, records = asyncio.run(burst())
+    assert client.keystrokes == 5 and client.requests_sent == 5
+    assert [r.outcome for r in records[:4]] == [CANCELLED] * 4 and records[4].outcome == SHOWN
+    assert records[4].done is not None and records[4].tokens > 0
+    wait_for_step(app, lambda e: not e.requests)
+    assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == aborted0 + 4  # aborted ...
+    assert finished(url) == finished0 + 1  # ... not completed: one request ran to its end
+    assert engine.pool.num_used == 0 and not engine.requests
+
+
+def test_keys_inside_the_debounce_send_one_request(server):
+    url, _ = server
+
+    async def typing():
+        records = []
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = EditorClient(http, Target(url), "dev-fast", ClientConfig(debounce_ms=150, max_tokens=4,
+                                                                               deadline_ms=30_000), records,
+                                  monotonic_clock())
+            for k in range(6):
+                client.keystroke(CODE + "y" * k)
+                await asyncio.sleep(0.01)
+            await client.idle()
+        return client, records
+
+    client, records = asyncio.run(typing())
+    assert client.keystrokes == 6 and client.requests_sent == 1 and len(records) == 1
+    assert records[0].outcome == SHOWN and records[0].prompt_chars == len(CODE) + 5
+
+
+def test_a_late_first_token_is_dropped_silently_and_the_server_stops(server):
+    url, app = server
+    aborted0 = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
+
+    async def late():
+        records = []
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = EditorClient(http, Target(url), "dev-late", ClientConfig(debounce_ms=1, deadline_ms=5),
+                                  records, monotonic_clock())
+            client.keystroke("# late\n" + CODE * 30)  # ~1,700 tokens at 64 per step: far beyond 5 ms
+            await client.idle()
+        return records
+
+    records = asyncio.run(late())
+    assert len(records) == 1 and records[0].outcome == DROPPED and records[0].error is None
+    assert records[0].text == "" and records[0].first_token is None
+    wait_for_step(app, lambda e: not e.requests)
+    assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == aborted0 + 1
+    assert app.state.engine.pool.num_used == 0
+
+
+def test_warmpath_complete_prints_the_suggestion_at_the_cursor(server, tiny_long_dir, tmp_path, capsys):
+    url, _ = server
+    src = tmp_path / "point.py"
+    src.write_text(CODE + "        self.x = x\n")
+    expected = LLM(str(tiny_long_dir), dtype="float32").generate(
+        CODE + "        self.", SamplingParams(max_tokens=8, temperature=0))[0].text
+    assert main(["complete", f"{src}:6:14", "--target", url, "--max-tokens", "8", "--no-fim"]) == 0
+    out = capsys.readouterr()
+    assert out.out == expected + "\n"
+    assert "shown: TTFT" in out.err
+    assert main(["complete", f"{src}:60:1", "--target", url]) == 2  # outside the file: a clear error
+
+
+def test_agent_turns_replay_closed_loop_with_warm_prefixes(server):
+    url, _ = server
+    p = AgentParams(start_tokens=400, max_context_tokens=700, tool_tokens=(40, 80), think_s=(0.01, 0.05),
+                    max_tokens=4)
+    trace = agent_trace(2, 6.0, seed=1, rate=50, params=p, count_tokens=len)
+    result = asyncio.run(replay(trace, Target(url), ClientConfig(), progress=False, drain_s=30))
+    agents = [r for r in result.records if r.kind == "agent"]
+    assert len(agents) >= 4 and all(r.outcome == COMPLETED for r in agents)
+    for sid in trace.sessions:
+        mine = sorted((r for r in agents if r.session == sid), key=lambda r: r.sent)
+        assert all(b.sent >= a.done for a, b in zip(mine, mine[1:], strict=False))  # closed loop
+    assert sum(r.cached_tokens or 0 for r in agents) > 0.5 * sum(r.prompt_tokens for r in agents[2:])
+
+
+def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
+    url, _ = server
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(["bench", "--target", url, "--workload", "editor", "--developers", "3", "--duration", "12",
+               "--rate", "400", "--seed", "1", "--deadline-ms", "5000", "--json", str(out), "--plot", str(png),
+               "--no-progress"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    s = report["summaries"][0]
+    assert s["requests"] > 3 and s["outcomes"]["error"] == 0
+    assert s["outcomes"]["shown"] > 0 and s["editor_ttft_s"]["p50"] > 0
+    assert 0 < s["prefix_hit_rate"] <= 1 and s["prefix_hit_rate_source"] == "server /metrics"
+    # Stale requests were aborted by the server, not run to their end: it finished no more than were shown.
+    server = s["server"]
+    assert server["aborted_client"] > 0
+    assert server.get("finished_stop", 0) + server.get("finished_length", 0) <= s["outcomes"]["shown"]
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

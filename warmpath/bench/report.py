@@ -1,0 +1,175 @@
+"""From request records (and the server's counters) to the figures that decide things: TTFT / TPOT / ITL
+percentiles, goodput, shown / dropped / cancelled, wasted tokens, prefix-cache hit rate, a quality proxy.
+
+TTFT of a request dropped at the client deadline is only known to be later than the deadline: it counts as
++inf in the percentiles (printed "> 300 ms"), never as the deadline itself. Requests cancelled stale before
+their first token are left out of TTFT and goodput: nobody wanted them any more."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+
+from warmpath.bench.runner import RunResult
+from warmpath.bench.scrape import delta
+from warmpath.client.completion import CANCELLED, COMPLETED, DROPPED, ERROR, SHOWN, RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class SLO:
+    editor_ttft_s: float = 0.300
+    agent_ttft_s: float = 5.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile; +inf values (censored) sort last."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    k = max(0, math.ceil(q / 100 * len(xs)) - 1)
+    return xs[k]
+
+
+def first_line(text: str) -> str:
+    return text.lstrip("\n").split("\n")[0].rstrip()
+
+
+def summarize(run: RunResult, slo: SLO) -> dict:
+    recs = run.records
+    editor = [r for r in recs if r.kind == "editor"]
+    agent = [r for r in recs if r.kind == "agent"]
+    out: dict = {"target": run.target, "model": run.model, "duration_s": round(run.duration_s, 2),
+                 "keystrokes": run.keystrokes, "requests": len(recs), "editor_requests": len(editor),
+                 "agent_requests": len(agent)}
+    by = {o: sum(r.outcome == o for r in recs) for o in (SHOWN, DROPPED, CANCELLED, COMPLETED, ERROR)}
+    out["outcomes"] = by
+    if editor:
+        n = len(editor)
+        out["shown_rate"] = by[SHOWN] / n
+        out["dropped_rate"] = sum(r.outcome == DROPPED for r in editor) / n
+        out["cancelled_rate"] = sum(r.outcome == CANCELLED for r in editor) / n
+    out["errors"] = [r.error for r in recs if r.outcome == ERROR][:5]
+
+    def ttfts(rs: list[RequestRecord]) -> list[float]:
+        return [r.ttft if r.ttft is not None else math.inf for r in rs
+                if r.ttft is not None or r.outcome in (DROPPED, ERROR)]
+
+    for kind, rs, target in (("editor", editor, slo.editor_ttft_s), ("agent", agent, slo.agent_ttft_s)):
+        if not rs:
+            continue
+        vals = ttfts(rs)
+        out[f"{kind}_ttft_s"] = {f"p{q}": percentile(vals, q) for q in PERCENTILES}
+        out[f"{kind}_ttft_n"] = len(vals)
+        out[f"{kind}_goodput"] = (sum(v <= target for v in vals) / len(vals)) if vals else math.nan
+        out[f"{kind}_slo_ttft_s"] = target
+    all_ttft = ttfts(recs)
+    out["ttft_s"] = {f"p{q}": percentile(all_ttft, q) for q in PERCENTILES}
+    good = sum(1 for r in recs if r.ttft is not None and r.ttft <= (slo.editor_ttft_s if r.kind == "editor"
+                                                                     else slo.agent_ttft_s))
+    out["good_requests_per_s"] = good / run.duration_s if run.duration_s else math.nan
+
+    tpot = [(r.chunk_times[-1] - r.first_token) / (r.tokens - 1) for r in recs
+            if r.first_token is not None and r.tokens > 1 and len(r.chunk_times) > 1]
+    itl = [b - a for r in recs for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
+    e2e = [r.done - r.sent for r in recs if r.done is not None and r.outcome in (SHOWN, COMPLETED)]
+    out["tpot_s"] = {f"p{q}": percentile(tpot, q) for q in PERCENTILES}
+    out["itl_s"] = {f"p{q}": percentile(itl, q) for q in PERCENTILES}
+    out["e2e_s"] = {f"p{q}": percentile(e2e, q) for q in PERCENTILES}
+    tokens = sum(r.tokens for r in recs)
+    finished = sum(r.outcome in (SHOWN, COMPLETED) for r in recs)
+    out["request_throughput"] = finished / run.duration_s if run.duration_s else math.nan
+    out["token_throughput"] = tokens / run.duration_s if run.duration_s else math.nan
+    out["client_unseen_tokens"] = sum(r.tokens for r in recs if r.outcome in (DROPPED, CANCELLED))
+
+    d = delta(run.metrics_before, run.metrics_after)
+    out["server"] = d
+    out["wasted_tokens"] = d.get("wasted_tokens")
+    if d.get("prefix_queried_tokens"):
+        out["prefix_hit_rate"] = d["prefix_hit_tokens"] / d["prefix_queried_tokens"]
+        out["prefix_hit_rate_source"] = "server /metrics"
+    else:
+        withusage = [r for r in recs if r.prompt_tokens and r.cached_tokens is not None]
+        if withusage:
+            out["prefix_hit_rate"] = sum(r.cached_tokens for r in withusage) / sum(r.prompt_tokens for r in withusage)
+            out["prefix_hit_rate_source"] = "usage.cached_tokens of completed requests"
+        else:
+            out["prefix_hit_rate"] = run.extra.get("prefix_hit_rate", math.nan)
+            out["prefix_hit_rate_source"] = run.extra.get("prefix_hit_rate_source", "not reported by the server")
+
+    # Quality proxy over shown suggestions: first line equal to the real next line; edit similarity.
+    judged = [r for r in editor if r.outcome == SHOWN and r.expected is not None]
+    if judged:
+        exact = [first_line(r.text) == r.expected.strip() or first_line(r.text) == r.expected.rstrip()
+                 for r in judged]
+        sims = [difflib.SequenceMatcher(None, first_line(r.text), r.expected.strip()).ratio() for r in judged]
+        out["quality_first_line_exact"] = sum(exact) / len(judged)
+        out["quality_edit_similarity"] = sum(sims) / len(judged)
+        out["quality_n"] = len(judged)
+    return out
+
+
+# -- table --------------------------------------------------------------------------------------------------
+ROWS = [
+    ("requests sent", "requests", "n"), ("keystrokes", "keystrokes", "n"),
+    ("editor TTFT p50", "editor_ttft_s.p50", "ms"), ("editor TTFT p90", "editor_ttft_s.p90", "ms"),
+    ("editor TTFT p99", "editor_ttft_s.p99", "ms"), ("editor goodput (TTFT <= SLO)", "editor_goodput", "%"),
+    ("agent TTFT p50", "agent_ttft_s.p50", "ms"), ("agent TTFT p99", "agent_ttft_s.p99", "ms"),
+    ("agent goodput (TTFT <= SLO)", "agent_goodput", "%"),
+    ("TPOT p50", "tpot_s.p50", "ms"), ("TPOT p99", "tpot_s.p99", "ms"),
+    ("ITL p50", "itl_s.p50", "ms"), ("ITL p90", "itl_s.p90", "ms"), ("ITL p99", "itl_s.p99", "ms"),
+    ("e2e p50", "e2e_s.p50", "ms"), ("e2e p99", "e2e_s.p99", "ms"),
+    ("shown", "shown_rate", "%"), ("dropped (late)", "dropped_rate", "%"), ("cancelled (stale)", "cancelled_rate", "%"),
+    ("good requests/s", "good_requests_per_s", "f"), ("requests/s answered", "request_throughput", "f"),
+    ("tokens/s received", "token_throughput", "f"),
+    ("wasted tokens (server)", "wasted_tokens", "n"), ("tokens never seen (client)", "client_unseen_tokens", "n"),
+    ("prefix-cache hit rate", "prefix_hit_rate", "%"),
+    ("quality: first line exact", "quality_first_line_exact", "%"),
+    ("quality: edit similarity", "quality_edit_similarity", "f"),
+]
+
+
+def lookup(summary: dict, path: str):
+    v = summary
+    for part in path.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def fmt(v, unit: str, deadline_ms: float | None = None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if unit == "ms":
+        if math.isinf(v):
+            return f"> {deadline_ms:.0f}" if deadline_ms else "inf"
+        return f"{v * 1000:.0f}"
+    if unit == "%":
+        return f"{v * 100:.1f}%"
+    if unit == "n":
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def table(summaries: list[dict], names: list[str], deadline_ms: float) -> str:
+    header = ["figure"] + names + ([f"{names[0]} / {n}" for n in names[1:]])
+    rows = [header]
+    for label, path, unit in ROWS:
+        vals = [lookup(s, path) for s in summaries]
+        if all(v is None for v in vals):
+            continue
+        unit_label = {"ms": " (ms)", "%": "", "n": "", "f": ""}[unit]
+        row = [label + unit_label] + [fmt(v, unit, deadline_ms) for v in vals]
+        for v in vals[1:]:
+            a = vals[0]
+            ok = all(isinstance(x, int | float) and math.isfinite(x) and x != 0 for x in (a, v))
+            row.append(f"{a / v:.2f}x" if ok and unit != "n" else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in rows]
+    lines.insert(1, "-|-".join("-" * w for w in widths))
+    return "\n".join(lines)

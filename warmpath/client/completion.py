@@ -1,0 +1,169 @@
+"""One streamed completion over the OpenAI-compatible API, timed: SSE parsing, the client-side deadline, and a
+cancel that closes the stream (so the server aborts the request instead of finishing it for nobody)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+# Outcomes of a request, as the developer experiences it.
+SHOWN = "shown"  # editor: the first token arrived within the deadline and before a newer keystroke
+DROPPED = "dropped"  # editor: no first token within the deadline; dropped silently (also: server silence)
+CANCELLED = "cancelled"  # editor: a newer keystroke made it stale before it was shown; the stream was closed
+COMPLETED = "completed"  # agent (no client deadline): the answer arrived
+ERROR = "error"  # an HTTP or protocol error: never acceptable
+
+
+@dataclass
+class Target:
+    url: str  # base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
+    model: str | None = None
+    api_key: str | None = None
+
+    @property
+    def api(self) -> str:
+        base = self.url.rstrip("/")
+        return base if base.endswith("/v1") else base + "/v1"
+
+    @property
+    def root(self) -> str:
+        return self.api.removesuffix("/v1")
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass
+class RequestRecord:
+    session: str
+    kind: str  # editor | agent
+    sent: float  # seconds on the replay clock
+    prompt_chars: int = 0
+    first_token: float | None = None
+    done: float | None = None
+    outcome: str = ""
+    tokens: int = 0  # completion tokens received (usage when the server sends it, else content chunks)
+    chunk_times: list[float] = field(default_factory=list)
+    text: str = ""
+    expected: str | None = None  # editor: the real next line
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.sent
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[dict]:
+    """The JSON payloads of a `text/event-stream` response, until `data: [DONE]`."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif line == "" and data:
+            payload = "\n".join(data)
+            data = []
+            if payload == "[DONE]":
+                return
+            yield json.loads(payload)
+    if data and data != ["[DONE]"]:
+        yield json.loads("\n".join(data))
+
+
+def _delta_text(choice: dict) -> str:
+    if "text" in choice:
+        return choice["text"] or ""
+    return (choice.get("delta") or {}).get("content") or ""
+
+
+async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict, rec: RequestRecord,
+                            clock, first_token_deadline_s: float | None = None,
+                            total_deadline_s: float | None = None, session: str | None = None) -> RequestRecord:
+    """POST /v1/completions with stream=true, filling `rec`. Past `first_token_deadline_s` without a token, or
+    `total_deadline_s` overall, the stream is closed and rec.outcome is DROPPED; if the calling task is
+    cancelled (a newer keystroke), the stream is closed and CancelledError propagates."""
+    headers = target.headers()
+    if session:
+        headers["X-Session-Id"] = session
+    if total_deadline_s is not None:
+        headers["X-Deadline-Ms"] = f"{total_deadline_s * 1000:.0f}"  # the server stops working on it too
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    if target.model:
+        body.setdefault("model", target.model)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    first = first_token_deadline_s if first_token_deadline_s is not None else total_deadline_s
+    chunks = 0
+    try:
+        async with asyncio.timeout_at(None if first is None else start + first) as timer:
+            async with http.stream("POST", target.api + "/completions", json=body, headers=headers) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    rec.outcome, rec.error = ERROR, f"HTTP {resp.status_code}: {resp.text[:300]}"
+                    rec.done = clock()
+                    return rec
+                async for event in sse_events(resp):
+                    if "error" in event:
+                        rec.outcome, rec.error = ERROR, json.dumps(event["error"])[:300]
+                        rec.done = clock()
+                        return rec
+                    usage = event.get("usage")
+                    if usage:
+                        rec.tokens = usage.get("completion_tokens", rec.tokens)
+                        rec.prompt_tokens = usage.get("prompt_tokens")
+                        rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    for choice in event.get("choices") or []:
+                        text = _delta_text(choice)
+                        if text:
+                            now = clock()
+                            if rec.first_token is None:
+                                rec.first_token = now
+                                total = None if total_deadline_s is None else start + total_deadline_s
+                                timer.reschedule(total)
+                            rec.chunk_times.append(now)
+                            rec.text += text
+                            chunks += 1
+                        if choice.get("finish_reason"):
+                            rec.finish_reason = choice["finish_reason"]
+        rec.done = clock()
+        rec.tokens = rec.tokens or chunks
+        if rec.first_token is None:
+            rec.outcome = DROPPED  # silence: the server's own deadline, or an empty answer
+        else:
+            rec.outcome = SHOWN if rec.kind == "editor" else COMPLETED
+    except TimeoutError:
+        rec.tokens = rec.tokens or chunks
+        rec.outcome = DROPPED if rec.first_token is None or rec.kind != "editor" else SHOWN
+        rec.finish_reason = rec.finish_reason or "client_deadline"
+    except asyncio.CancelledError:
+        rec.tokens = rec.tokens or chunks
+        rec.outcome = CANCELLED if rec.first_token is None else SHOWN
+        rec.finish_reason = rec.finish_reason or "client_cancel"
+        raise
+    except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
+        rec.outcome, rec.error = ERROR, f"{type(e).__name__}: {e}"[:300]
+        rec.done = clock()
+    return rec
+
+
+async def discover_model(http: httpx.AsyncClient, target: Target) -> str | None:
+    """The first model the server lists (llama.cpp's and vLLM's servers want a model name)."""
+    try:
+        r = await http.get(target.api + "/models", headers=target.headers())
+        r.raise_for_status()
+        data = r.json().get("data") or []
+        return data[0]["id"] if data else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def monotonic_clock(origin: float | None = None):
+    t0 = time.monotonic() if origin is None else origin
+    return lambda: time.monotonic() - t0
