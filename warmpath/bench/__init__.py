@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path", help="write the full report (and per-request records) here")
     p.add_argument("--plot", help="write the PNG here")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
 
 
 def _count_tokens():
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
           f"(idle compressed x{meta.get('rate')}), seed {meta.get('seed')}; client: debounce "
           f"{cfg.debounce_ms:.0f} ms, deadline {cfg.deadline_ms:.0f} ms, max_tokens {cfg.max_tokens}; "
           f"SLO editor TTFT <= {args.slo_ms:.0f} ms, agent <= {args.agent_slo_ms:.0f} ms")
-    print(table(summaries, names, cfg.deadline_ms))
+    print(table(summaries, names, cfg.deadline_ms, markdown=args.markdown))
     for name, s in zip(names, summaries, strict=True):
         if s["outcomes"].get(ERROR):
             print(f"{name}: {s['outcomes'][ERROR]} request(s) failed, e.g. {s['errors'][:2]}")

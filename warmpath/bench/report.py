@@ -82,7 +82,6 @@ def summarize(run: RunResult, slo: SLO) -> dict:
     finished = sum(r.outcome in (SHOWN, COMPLETED) for r in recs)
     out["request_throughput"] = finished / run.duration_s if run.duration_s else math.nan
     out["token_throughput"] = tokens / run.duration_s if run.duration_s else math.nan
-    out["client_unseen_tokens"] = sum(r.tokens for r in recs if r.outcome in (DROPPED, CANCELLED))
 
     d = delta(run.metrics_before, run.metrics_after)
     out["server"] = d
@@ -112,22 +111,26 @@ def summarize(run: RunResult, slo: SLO) -> dict:
 
 
 # -- table --------------------------------------------------------------------------------------------------
-ROWS = [
-    ("requests sent", "requests", "n"), ("keystrokes", "keystrokes", "n"),
-    ("editor TTFT p50", "editor_ttft_s.p50", "ms"), ("editor TTFT p90", "editor_ttft_s.p90", "ms"),
-    ("editor TTFT p99", "editor_ttft_s.p99", "ms"), ("editor goodput (TTFT <= SLO)", "editor_goodput", "%"),
-    ("agent TTFT p50", "agent_ttft_s.p50", "ms"), ("agent TTFT p99", "agent_ttft_s.p99", "ms"),
-    ("agent goodput (TTFT <= SLO)", "agent_goodput", "%"),
-    ("TPOT p50", "tpot_s.p50", "ms"), ("TPOT p99", "tpot_s.p99", "ms"),
-    ("ITL p50", "itl_s.p50", "ms"), ("ITL p90", "itl_s.p90", "ms"), ("ITL p99", "itl_s.p99", "ms"),
-    ("e2e p50", "e2e_s.p50", "ms"), ("e2e p99", "e2e_s.p99", "ms"),
-    ("shown", "shown_rate", "%"), ("dropped (late)", "dropped_rate", "%"), ("cancelled (stale)", "cancelled_rate", "%"),
-    ("good requests/s", "good_requests_per_s", "f"), ("requests/s answered", "request_throughput", "f"),
-    ("tokens/s received", "token_throughput", "f"),
-    ("wasted tokens (server)", "wasted_tokens", "n"), ("tokens never seen (client)", "client_unseen_tokens", "n"),
-    ("prefix-cache hit rate", "prefix_hit_rate", "%"),
-    ("quality: first line exact", "quality_first_line_exact", "%"),
-    ("quality: edit similarity", "quality_edit_similarity", "f"),
+ROWS = [  # label, summary path, unit, which way is better ("" = neither)
+    ("requests sent", "requests", "n", ""), ("keystrokes", "keystrokes", "n", ""),
+    ("editor TTFT p50", "editor_ttft_s.p50", "ms", "lower"), ("editor TTFT p90", "editor_ttft_s.p90", "ms", "lower"),
+    ("editor TTFT p99", "editor_ttft_s.p99", "ms", "lower"),
+    ("editor goodput (TTFT <= SLO)", "editor_goodput", "%", "higher"),
+    ("agent TTFT p50", "agent_ttft_s.p50", "ms", "lower"), ("agent TTFT p99", "agent_ttft_s.p99", "ms", "lower"),
+    ("agent goodput (TTFT <= SLO)", "agent_goodput", "%", "higher"),
+    ("TPOT p50", "tpot_s.p50", "ms", "lower"), ("TPOT p99", "tpot_s.p99", "ms", "lower"),
+    ("ITL p50", "itl_s.p50", "ms", "lower"), ("ITL p90", "itl_s.p90", "ms", "lower"),
+    ("ITL p99", "itl_s.p99", "ms", "lower"),
+    ("e2e p50", "e2e_s.p50", "ms", "lower"), ("e2e p99", "e2e_s.p99", "ms", "lower"),
+    ("shown", "shown_rate", "%", "higher"), ("dropped (late)", "dropped_rate", "%", "lower"),
+    ("cancelled (stale)", "cancelled_rate", "%", ""),
+    ("good requests/s", "good_requests_per_s", "f", "higher"),
+    ("requests/s answered", "request_throughput", "f", "higher"),
+    ("tokens/s received", "token_throughput", "f", "higher"),
+    ("wasted tokens (server)", "wasted_tokens", "n", "lower"),
+    ("prefix-cache hit rate", "prefix_hit_rate", "%", "higher"),
+    ("quality: first line exact", "quality_first_line_exact", "%", "higher"),
+    ("quality: edit similarity", "quality_edit_similarity", "f", "higher"),
 ]
 
 
@@ -154,10 +157,11 @@ def fmt(v, unit: str, deadline_ms: float | None = None) -> str:
     return f"{v:.3g}"
 
 
-def table(summaries: list[dict], names: list[str], deadline_ms: float) -> str:
-    header = ["figure"] + names + ([f"{names[0]} / {n}" for n in names[1:]])
+def table(summaries: list[dict], names: list[str], deadline_ms: float, markdown: bool = False) -> str:
+    """Plain text for the terminal, or a Markdown table for the README."""
+    header = ["figure"] + names + ([f"{names[0]} / {n}" for n in names[1:]]) + ["better"]
     rows = [header]
-    for label, path, unit in ROWS:
+    for label, path, unit, better in ROWS:
         vals = [lookup(s, path) for s in summaries]
         if all(v is None for v in vals):
             continue
@@ -167,7 +171,11 @@ def table(summaries: list[dict], names: list[str], deadline_ms: float) -> str:
             a = vals[0]
             ok = all(isinstance(x, int | float) and math.isfinite(x) and x != 0 for x in (a, v))
             row.append(f"{a / v:.2f}x" if ok and unit != "n" else "-")
-        rows.append(row)
+        rows.append(row + [better])
+    if markdown:
+        lines = ["| " + " | ".join(r) + " |" for r in rows]
+        lines.insert(1, "|" + "|".join("---" for _ in header) + "|")
+        return "\n".join(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
