@@ -52,6 +52,11 @@ class EngineConfig:
     # Threads for decode-only steps when serving (memory-bound; a spare core keeps HTTP wake-ups from
     # stalling them: benchmarks/server_contention.py). Default: num_threads - 1 with 2-4 threads, else all.
     num_decode_threads: int | None = None
+    # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
+    # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU
+    # only. Off by default: such steps are then not token-identical to fp32. "none" keeps one copy.
+    gemv_dtype: str = "none"
+    gemv_max_rows: int = 4
     seed: int = 0
 
 

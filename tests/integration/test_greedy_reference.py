@@ -51,3 +51,18 @@ def test_matches_transformers_live(smollm2_fp32, transformers_model):
             ref = transformers_model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
         ours = smollm2_fp32.generate({"prompt_token_ids": case["prompt_ids"]}, GREEDY32)[0].token_ids
         assert ours == ref, case["name"]
+
+
+def test_fp16_gemv_decode_matches_reference():
+    """gemv_dtype=float16 (half-width weights for 1-4 row steps): single-stream greedy decode still gives the
+    reference's tokens up to its first near tie (measured: 7 of 8 prompts identical for all 32 tokens)."""
+    from warmpath import LLM
+
+    llm = LLM("smollm2", dtype="float32", gemv_dtype="float16")
+    picked = [c for c in CASES if c["name"] in ("_sitebuiltins.py", "_threading_local.py", "__future__.py",
+                                                "_aix_support.py")]
+    assert len(picked) == 4
+    for case in picked:  # one at a time: every decode step has one row, so it takes the fp16 path
+        out = llm.generate({"prompt_token_ids": case["prompt_ids"]}, GREEDY32)[0].token_ids
+        n = comparable_prefix(case)
+        assert out[:n] == case["greedy_ids"][:n], case["name"]

@@ -52,6 +52,12 @@ class Engine:
         self.tokenizer: Tokenizer = ckpt.tokenizer
         model = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, self.dtype, config.device)
         del ckpt
+        if config.gemv_dtype != "none":
+            half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
+            if half is None or self.dtype != torch.float32:
+                raise ValueError(f"gemv_dtype must be none, float16 or bfloat16, for a float32 model; got "
+                                 f"{config.gemv_dtype!r} with {self.dtype}")
+            model.enable_small_rows(half, config.gemv_max_rows)
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         blocks = num_kv_blocks(config, self.model_config, self.dtype)

