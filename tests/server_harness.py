@@ -18,7 +18,13 @@ from warmpath.server.app import create_app
 @contextmanager
 def running_server(engine_config: EngineConfig, server_config: ServerConfig | None = None):
     engine = Engine(engine_config)
-    app = create_app(engine, server_config)
+    with running_app(create_app(engine, server_config)) as (url, app):
+        yield url, app
+
+
+@contextmanager
+def running_app(app):
+    """Any ASGI app (a server, the router) on a fresh loopback port, in a thread."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

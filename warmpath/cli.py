@@ -1,4 +1,4 @@
-"""warmpath command line: fetch-model, serve, bench, complete (route | simulate arrive with their issues)."""
+"""warmpath command line: fetch-model, serve, route, bench, complete (simulate arrives with its issue)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from warmpath.config import EngineConfig, ServerConfig
+from warmpath.config import EngineConfig, RouterConfig, ServerConfig
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
@@ -18,7 +18,10 @@ def add_flags(parser: argparse.ArgumentParser, cls) -> None:
         if str(f.type) == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             continue
-        kind = int if "int" in str(f.type) else str
+        if str(f.type).startswith("list"):
+            parser.add_argument(flag, action="append", default=f.default, help="(repeatable)")
+            continue
+        kind = float if "float" in str(f.type) else int if "int" in str(f.type) else str
         parser.add_argument(flag, type=kind, default=f.default, help=f"(default: {f.default})")
 
 
@@ -62,6 +65,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_route(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from warmpath.router.app import create_router_app
+
+    cfg = from_args(RouterConfig, args)
+    try:
+        app = create_router_app(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"routing on http://{cfg.host}:{cfg.port}/v1 ({cfg.policy}) to "
+          f"{', '.join(f'{n.url} [{n.tier}]' for n in app.state.nodes.nodes.values())}", flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower(), access_log=False)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from warmpath.bench import run
 
@@ -87,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_flags(p)
     add_flags(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("route", help="one endpoint in front of many nodes: session-affine, prefix-aware routing "
+                                     "with bounded loads, failover, tiering, response cache")
+    add_flags(p, RouterConfig)
+    p.set_defaults(func=cmd_route)
     p = sub.add_parser("bench", help="replay real-code traffic against a server (and baselines); TTFT, goodput, "
                                      "hit rate")
     from warmpath.bench import add_arguments

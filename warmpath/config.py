@@ -67,3 +67,29 @@ class ServerConfig:
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     served_model_name: str | None = None  # default: the engine's model spec
+
+
+@dataclass
+class RouterConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Upstreams: `node` for one pool; `tier NAME=URL,URL` (repeated, smallest model first) for model tiering.
+    node: list[str] | None = None
+    nodes_file: str | None = None  # one URL per line (# comments), added to `node`
+    tier: list[str] | None = None
+    policy: str = "hybrid"  # round-robin | least-load | session | prefix | hybrid
+    load_factor: float = 1.25  # bounded loads: a node takes one more request while its load <= c x average
+    virtual_nodes: int = 100  # points per node on the hash ring
+    prefix_block_chars: int = 64  # the prefix index hashes prompts in blocks of this many characters
+    prefix_index_blocks: int = 65536  # per node; least recently routed blocks are forgotten first
+    health_interval: float = 1.0  # seconds between /health checks
+    health_failures: int = 3  # failed checks in a row before a node leaves the ring
+    connect_timeout: float = 2.0  # seconds; a node that does not accept in time counts as failed
+    line_max_tokens: int = 32  # tiering: /v1/completions with at most this many tokens can be a line completion
+    cache_entries: int = 1024  # response cache (temperature 0 only); 0 turns it off
+    cache_ttl: float = 300.0  # seconds a cached answer stays valid
+    api_key: str | None = None  # clients must send it, as to a node; /health stays open
+    admin_key: str | None = None  # /admin/* (drain, node list) needs it; without one, /admin is off
+    upstream_api_key: str | None = None  # sent to the nodes; default: the client's Authorization header
+    max_body_bytes: int = 4 << 20
+    served_model_name: str | None = None  # default: the nodes' model

@@ -8,7 +8,6 @@ empty text and finish_reason "deadline"; one that cannot start in time is answer
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -28,6 +27,7 @@ from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams
+from warmpath.server.guard import GuardMiddleware
 from warmpath.server.prompts import SuffixCutter, detect_fim, render_chat
 from warmpath.server.protocol import ChatRequest, CompletionRequest, error_body
 
@@ -101,8 +101,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         first = e.errors()[0] if e.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            msg = "request body is not valid JSON"
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            msg, loc = "request body is not valid JSON", []
         return JSONResponse(error_body(f"{'.'.join(loc) + ': ' if loc else ''}{msg}", param=".".join(loc) or None),
                             status_code=400)
 
@@ -327,29 +327,6 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         return await respond(job, body.stream, request, _include_usage(body))
 
     return app
-
-
-class GuardMiddleware:
-    """Pure ASGI (no response buffering, disconnects pass through): body size limit and API key."""
-
-    def __init__(self, app, config: ServerConfig):
-        self.app, self.config = app, config
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.config.max_body_bytes:
-            resp = JSONResponse(error_body(f"request body over {self.config.max_body_bytes} bytes"), status_code=413)
-            return await resp(scope, receive, send)
-        if self.config.api_key and scope["path"] != "/health":
-            auth = headers.get("authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {self.config.api_key}".encode()):
-                resp = JSONResponse(error_body("missing or wrong API key", "authentication_error",
-                                               code="invalid_api_key"), status_code=401)
-                return await resp(scope, receive, send)
-        return await self.app(scope, receive, send)
 
 
 def _include_usage(body) -> bool:

@@ -1,0 +1,58 @@
+"""The router's Prometheus metrics: per node requests, in-flight, failovers, health; policy decisions; cache
+hits; degraded answers; per-tier counts; and the fleet's prefix-cache counters summed over the nodes (under
+the nodes' own names, so `warmpath bench` reads the fleet's hit rate through the router)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from warmpath.router.nodes import FLEET_COUNTERS, NodeSet
+
+
+class _NodeCollector(Collector):
+    def __init__(self, nodes: NodeSet):
+        self.nodes = nodes
+
+    def collect(self):
+        nodes = list(self.nodes.nodes.values())
+        for name, doc, value in (
+            ("warmpath_router_node_in_flight", "Requests the router has open to the node", lambda n: n.in_flight),
+            ("warmpath_router_node_healthy", "1 while the node passes health checks", lambda n: int(n.healthy)),
+            ("warmpath_router_node_draining", "1 while the node takes no new requests", lambda n: int(n.draining)),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["node", "tier"])
+            for n in nodes:
+                g.add_metric([n.url, n.tier], value(n))
+            yield g
+        for name in FLEET_COUNTERS:
+            base = name.removesuffix("_total")
+            fleet = CounterMetricFamily(base, "Summed over the nodes (restart-safe), scraped at this request")
+            fleet.add_metric([], sum(n.total(name) for n in nodes))
+            yield fleet
+            per = CounterMetricFamily(base.replace("warmpath_", "warmpath_router_node_"), "Per node",
+                                      labels=["node"])
+            for n in nodes:
+                per.add_metric([n.url], n.total(name))
+            yield per
+
+
+class RouterMetrics:
+    def __init__(self, nodes: NodeSet):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("warmpath_router_requests", "Requests sent to a node", ["node"], registry=r)
+        self.failovers = Counter("warmpath_router_failovers", "Requests moved to another node before the first "
+                                 "byte, by the node that failed", ["node"], registry=r)
+        self.decisions = Counter("warmpath_router_decisions", "Routing decisions by outcome", ["policy", "decision"],
+                                 registry=r)
+        self.cache = Counter("warmpath_router_cache_requests", "Deterministic requests by response-cache result",
+                             ["result"], registry=r)
+        self.degraded = Counter("warmpath_router_degraded", "Answers that were silence or an error event because "
+                                "of the fleet (deadline, node lost mid-stream, no node)", ["reason"], registry=r)
+        self.tiers = Counter("warmpath_router_tier_requests", "Requests by model tier", ["tier", "kind"],
+                             registry=r)
+        r.register(_NodeCollector(nodes))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
