@@ -71,7 +71,7 @@ def _record(r) -> dict:
     return {"session": r.session, "kind": r.kind, "sent": round(r.sent, 4), "ttft": None if r.ttft is None
             else round(r.ttft, 4), "done": None if r.done is None else round(r.done, 4), "outcome": r.outcome,
             "tokens": r.tokens, "prompt_chars": r.prompt_chars, "prompt_tokens": r.prompt_tokens,
-            "cached_tokens": r.cached_tokens, "finish_reason": r.finish_reason, "error": r.error}
+            "cached_tokens": r.cached_tokens, "finish_reason": r.finish_reason, "error": r.error, "node": r.node}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -55,6 +55,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    node: str | None = None  # the node that answered, when a router says so (X-Warmpath-Node)
 
     @property
     def ttft(self) -> float | None:
@@ -104,6 +105,7 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
     try:
         async with asyncio.timeout_at(None if first is None else start + first) as timer:
             async with http.stream("POST", target.api + "/completions", json=body, headers=headers) as resp:
+                rec.node = resp.headers.get("x-warmpath-node")
                 if resp.status_code != 200:
                     await resp.aread()
                     rec.outcome, rec.error = ERROR, f"HTTP {resp.status_code}: {resp.text[:300]}"
