@@ -217,6 +217,8 @@ def test_client_disconnect_and_deadline_reach_the_node(fleet):
         asyncio.run(drop_after_first_chunk())
         wait_for_step(app, lambda e: not e.requests and e.pool.num_used == 0)
         assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == before + 1
+        # the router closed the upstream stream first: nothing counted in flight, nothing leaked
+        assert [n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"]] == [0]
         # past the deadline: silence (200, empty, "deadline"), and the node stops working on it
         r = httpx.post(f"{rurl}/v1/completions", json={"prompt": CODE * 60, "max_tokens": 500},
                        headers={"X-Deadline-Ms": "30"}, timeout=60)

@@ -355,9 +355,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
                         first = await anext(events)
                 except (httpx.HTTPError, StopAsyncIteration) as e:
                     raise _Failed(repr(e)) from None
+                stream = relay(first, events, resp, node, deadline, routed, key)
                 handed_over = True
-                return StreamingResponse(relay(first, events, resp, node, deadline, routed, key),
-                                         media_type=media,
+                # Started here, so its cleanup (in-flight count, upstream close) runs even if the client is gone
+                # before the response starts iterating: a started async generator is closed when collected.
+                head = await anext(stream)
+                return StreamingResponse(_prepend(head, stream), media_type=media,
                                          headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             body = await _read_or_disconnect(request, resp, deadline)
             if body is None:  # the client went away: closing the upstream connection aborts the request
@@ -419,6 +422,15 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         return await proxy(request, "/v1/chat/completions")
 
     return app
+
+
+async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        yield head
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
 
 
 async def _read_all(resp: httpx.Response, deadline: float | None) -> bytes:
