@@ -1,4 +1,4 @@
-"""warmpath command line: fetch-model, serve, route, bench, complete (simulate arrives with its issue)."""
+"""warmpath command line: fetch-model, serve, route, bench, simulate, complete."""
 
 from __future__ import annotations
 
@@ -88,6 +88,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from warmpath.sim import run
+
+    return run(args)
+
+
 def cmd_complete(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -117,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(p)
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("simulate", help="capacity planning without a model: the engine's scheduler and block pool "
+                                        "(and the router's policies) driven by a cost model")
+    from warmpath.sim import add_arguments as add_sim_arguments
+
+    add_sim_arguments(p)
+    p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("complete", help="one completion at FILE:LINE:COL, the way an editor asks for it")
     from warmpath.client.complete import add_arguments as add_complete_arguments
 

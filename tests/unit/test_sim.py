@@ -1,0 +1,133 @@
+"""The simulator drives the engine's own Scheduler and BlockPool (and the router's policies): a change of
+eviction order in the engine changes its result; on the same agent trace the real engine (tiny model) and the
+simulator give every common turn the same prefix hit; the cost fit; fleets; the CLI."""
+
+import json
+
+import pytest
+
+import warmpath.engine.kv_cache as kv_cache
+import warmpath.engine.scheduler as scheduler
+from warmpath.cli import main
+from warmpath.config import EngineConfig
+from warmpath.engine.engine import Engine
+from warmpath.sim import chunk_tokenizer, simulate
+from warmpath.sim.calibrate import fit
+from warmpath.sim.cost import CostModel, StepShape
+from warmpath.sim.driver import Driver, RealBackend, SimBackend
+from warmpath.sim.profiles import get_profile
+from warmpath.workloads import AgentParams, agent_trace, make_trace
+
+COST = CostModel(base=0.03, per_token=0.002, prefill_attention=2e-8, per_seq=5e-4, kv_read=1e-6, per_chunk=0.04)
+
+
+@pytest.fixture(scope="module")
+def editor():
+    return make_trace("editor", 6, 1800, seed=3, rate=4)
+
+
+def run(trace, blocks, nodes=1, policy="hybrid"):
+    return simulate(trace, get_profile("h100-llama3-8b"), chunk_tokenizer, "bfloat16", blocks, 512, nodes, policy)
+
+
+def test_the_simulator_runs_the_engines_own_scheduler_and_block_pool(editor):
+    summary, driver = run(editor, 400)
+    assert all(type(b.scheduler) is scheduler.Scheduler and type(b.pool) is kv_cache.BlockPool
+               for b in driver.backends)
+    assert summary["requests"] > 50 and 0.3 < summary["prefix_hit_rate"] < 1.0
+    again, _ = run(editor, 400)
+    assert again == {**summary, "wall_s": again["wall_s"]}  # deterministic
+
+
+def test_a_change_of_eviction_order_in_the_engine_changes_the_simulation(editor, monkeypatch):
+    """A tight pool evicts; the engine frees blocks to the back of its LRU queue. Put them at the front
+    (most recently used evicted first) in the *engine's* BlockPool and the simulated hit rate moves."""
+    lru, _ = run(editor, 160)
+    assert lru["evictions"] > 0
+
+    def free_to_the_front(self, blocks):
+        for b in reversed(blocks):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_queue[b] = None
+                self.free_queue.move_to_end(b, last=False)
+    monkeypatch.setattr(kv_cache.BlockPool, "free", free_to_the_front)
+    mru, _ = run(editor, 160)
+    assert mru["prefix_hit_rate"] != lru["prefix_hit_rate"]
+    assert mru["prefix_hit_rate"] < lru["prefix_hit_rate"]  # a developer's own warm prefix goes first
+
+
+def test_a_smaller_pool_preempts_sooner_and_holds_fewer_sessions(editor):
+    small, _ = run(editor, 100)
+    big, _ = run(editor, 4000)
+    assert big["preemptions"] == 0 and big["max_resident_sessions"] == 6
+    assert small["max_resident_sessions"] < big["max_resident_sessions"]
+    assert small["prefix_hit_rate"] < big["prefix_hit_rate"]
+
+
+def test_fleets_use_the_routers_policies(editor):
+    # each node holds about its share of the sessions' prefixes, not everybody's
+    affine, driver = run(editor, 250, nodes=3, policy="session")
+    spread, _ = run(editor, 250, nodes=3, policy="round-robin")
+    assert type(driver.router).__module__ == "warmpath.router.policies"
+    assert affine["prefix_hit_rate"] > spread["prefix_hit_rate"] + 0.1
+    assert {r.node for r in driver.records.values()} == {0, 1, 2}
+    by_session = {}
+    for r in driver.records.values():
+        by_session.setdefault(r.session, set()).add(r.node)
+    assert sum(len(v) == 1 for v in by_session.values()) >= 4  # sessions stay put (bounded loads aside)
+
+
+def test_the_cost_fit_recovers_known_coefficients():
+    shapes = [StepShape(n, n * (c + n / 2), 1, c + n, 1) for n in (16, 128, 512) for c in (0, 2048)]
+    shapes += [StepShape(b, 0, b, b * (ctx + 1)) for b in (1, 4, 16) for ctx in (256, 2048)]
+    fitted = fit([(s, COST.step_seconds(s)) for s in shapes])
+    for a, b in zip(fitted.coefficients(), COST.coefficients(), strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-12)
+
+
+def test_memory_budget_sets_the_pool():
+    p = get_profile("h100-llama3-8b")
+    assert p.num_kv_blocks("int8") > p.num_kv_blocks("bfloat16") > 0
+    per_block = 131072 * 16
+    assert p.num_kv_blocks("bfloat16") == (p.memory_bytes - p.weight_bytes("bfloat16")) // per_block
+
+
+def test_real_engine_and_simulator_give_every_common_turn_the_same_prefix_hit(tiny_long_dir):
+    """Agent turns (closed loop, nothing cancelled) on an ample pool: whatever the step times, the prefix hit
+    of each turn depends only on the scheduler and the block pool, which are the same code in both."""
+    params = AgentParams(start_tokens=300, max_context_tokens=900, tool_tokens=(40, 120), think_s=(0.05, 0.2),
+                         task_gap_s=2.0, max_tokens=8)
+    trace = agent_trace(3, 6.0, seed=1, rate=1.0, params=params, count_tokens=lambda s: len(s.encode()) // 4)
+    engine = Engine(EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024,
+                                 max_num_batched_tokens=128))
+    vocab = engine.model_config.vocab_size
+
+    def tokenize(text):
+        return [b % (vocab - 10) + 5 for b in text.encode()][::4]  # prefix-preserving, in range
+    real = Driver(trace, [RealBackend(engine, 0.0)], tokenize, realtime=True, drain_s=5.0)
+    real.backends[0].origin = real._origin
+    real.run()
+    sim = Driver(trace, [SimBackend(COST, 1024, 16, 128)], tokenize)
+    sim.run()
+
+    def hits(d):
+        return {(r.session, r.turn_index): r.cached_tokens for r in d.records.values() if r.cached_tokens is not None}
+    a, b = hits(real), hits(sim)
+    common = set(a) & set(b)
+    assert len(common) >= 6 and any(a[k] > 0 for k in common)
+    assert {k: a[k] for k in common} == {k: b[k] for k in common}
+
+
+def test_simulate_cli_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--profile", "h100-llama3-8b", "--workload", "editor", "--sessions", "3",
+                 "--duration", "600", "--tokenizer", "chars", "--json", str(out), "--plot",
+                 str(tmp_path / "t.png")]) == 0
+    assert "prefix-cache hit rate" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["profile"] == "h100-llama3-8b" and len(report["runs"]) == 1
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    assert main(["simulate", "--profile", "h100-llama3-8b", "--sweep", "pool", "--sessions", "3", "--duration",
+                 "300", "--tokenizer", "chars", "--plot", str(tmp_path / "s.png")]) == 0
+    assert (tmp_path / "s.png").stat().st_size > 1000

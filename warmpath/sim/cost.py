@@ -1,0 +1,111 @@
+"""How long one engine step takes, from the step's plan alone, and how many KV blocks a memory budget buys.
+
+Step time = base + per_token * T + prefill_attention * A + per_seq * S + kv_read * C + per_chunk * P, where
+  T = tokens computed in the step (prefill chunks and decodes): matmul work, linear in tokens
+  A = sum over prefill chunks of n * (context before the chunk + n / 2): attention of new tokens over the cache
+  S = sequences in the step (sampling, per-sequence bookkeeping)
+  C = sum over all sequences of the K/V they attend over (cached context + new tokens): gathering and reading
+      it, paid even by a 5-token chunk over a 2,000-token context
+  P = prefill chunks in the step (the prefill attention path has its own fixed cost per span)
+and base is the fixed cost of a step (one pass over the weights, launch overhead). The coefficients of a
+hardware profile are either fitted to the real engine (`warmpath simulate --calibrate`) or derived from a
+datasheet (each says where its numbers come from).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from warmpath.config import ModelConfig, warmpath_home
+from warmpath.engine.scheduler import SchedulerOutput
+
+FEATURES = ("base", "per_token", "prefill_attention", "per_seq", "kv_read", "per_chunk")
+
+
+@dataclass
+class StepShape:
+    tokens: int = 0
+    prefill_attention: float = 0.0
+    seqs: int = 0
+    kv_read: int = 0
+    chunks: int = 0  # prefill chunks among the seqs
+
+    def features(self) -> list[float]:
+        return [1.0, float(self.tokens), self.prefill_attention, float(self.seqs), float(self.kv_read),
+                float(self.chunks)]
+
+
+def step_shape(plan: SchedulerOutput) -> StepShape:
+    s = StepShape()
+    for c in plan.chunks:
+        ctx = c.request.num_computed_tokens
+        s.tokens += c.num_tokens
+        s.seqs += 1
+        s.kv_read += ctx + c.num_tokens
+        if not (c.num_tokens == 1 and ctx >= len(c.request.prompt_token_ids)):  # a prefill chunk, not a decode
+            s.prefill_attention += c.num_tokens * (ctx + c.num_tokens / 2)
+            s.chunks += 1
+    return s
+
+
+@dataclass
+class CostModel:
+    base: float  # seconds per step
+    per_token: float
+    prefill_attention: float
+    per_seq: float
+    kv_read: float
+    per_chunk: float = 0.0
+
+    def step_seconds(self, shape: StepShape) -> float:
+        return sum(c * f for c, f in zip(self.coefficients(), shape.features(), strict=True))
+
+    def coefficients(self) -> list[float]:
+        return [getattr(self, f) for f in FEATURES]
+
+
+@dataclass
+class Profile:
+    """A deployment: the model's shape and weights, the hardware's memory, and the step-time model."""
+
+    name: str
+    model: ModelConfig
+    num_params: int
+    weight_bytes_per_param: dict[str, float]  # by weights dtype
+    kv_dtype_bytes: int
+    memory_bytes: int  # for weights + KV (what is left after activations and the runtime)
+    cost: dict[str, CostModel]  # by weights dtype: fewer bytes per weight shorten the weight pass
+    default_dtype: str
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def weight_bytes(self, dtype: str) -> int:
+        return int(self.num_params * self.weight_bytes_per_param[dtype])
+
+    def num_kv_blocks(self, dtype: str | None = None, memory_bytes: int | None = None) -> int:
+        """The block pool that fits beside the weights in the memory budget."""
+        dtype = dtype or self.default_dtype
+        free = (memory_bytes or self.memory_bytes) - self.weight_bytes(dtype)
+        per_block = self.model.kv_bytes_per_token(self.kv_dtype_bytes) * self.block_size
+        return max(0, free // per_block)
+
+
+def calibration_path(name: str) -> Path:
+    return warmpath_home() / "sim" / f"{name}.json"
+
+
+def save_calibration(name: str, cost: CostModel, meta: dict) -> Path:
+    path = calibration_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cost": asdict(cost), **meta}, indent=1))
+    return path
+
+
+def load_calibration(name: str) -> CostModel | None:
+    path = calibration_path(name)
+    if not path.exists():
+        return None
+    return CostModel(**json.loads(path.read_text())["cost"])
