@@ -232,6 +232,32 @@ def test_client_disconnect_and_deadline_reach_the_node(fleet):
         wait_for_step(app, lambda e: not e.requests)
 
 
+def test_a_request_cancelled_before_its_first_token_stops_the_node_at_once(fleet):
+    """A newer keystroke closes the stream while the node is still prefilling: the router must pass that on
+    then, not when the first token would have come."""
+    url, app = next(iter(fleet.items()))
+    with router([url]) as (rurl, rapp):
+        before = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
+        prompt = "# cancelled early\n" + CODE * 12  # ~700 tokens at 64 per step: a long prefill
+
+        def prefilling(e):
+            return any(0 < r.num_computed_tokens < len(r.prompt_token_ids) - 64 for r in e.requests.values())
+
+        async def type_again():
+            async with httpx.AsyncClient(timeout=60) as http:
+                body = {"prompt": prompt, "max_tokens": 50, "stream": True}
+                task = asyncio.create_task(http.post(f"{rurl}/v1/completions", json=body))
+                await asyncio.to_thread(wait_for_step, app, prefilling)
+                task.cancel()  # the client closes the connection mid-prefill
+                await asyncio.gather(task, return_exceptions=True)
+        asyncio.run(type_again())
+        steps = app.state.engine.num_steps
+        wait_for_step(app, lambda e: not e.requests)
+        assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == before + 1
+        assert app.state.engine.num_steps <= steps + 3  # aborted within a few steps, not after the prefill
+        assert [n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"]] == [0]
+
+
 def test_drain_stops_new_requests_while_streams_finish(fleet):
     urls = list(fleet)
     with router(urls, policy="session", admin_key="adm") as (rurl, _):
@@ -251,6 +277,8 @@ def test_drain_stops_new_requests_while_streams_finish(fleet):
         assert [n["in_flight"] for n in nodes if n["url"] == home] == [0]
         httpx.post(f"{rurl}/admin/nodes/undrain", json={"node": home}, headers=admin)
         assert complete(rurl, CODE, dev).headers["x-warmpath-node"] == home  # the session comes back
+        seen = httpx.get(f"{rurl}/admin/sessions", headers=admin).json()["sessions"][dev]
+        assert seen == {"node": home, "requests": 3}
         assert httpx.post(f"{rurl}/admin/nodes/drain", json={"node": "http://nowhere:1"},
                           headers=admin).status_code == 404
     with router(urls) as (rurl, _):

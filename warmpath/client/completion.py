@@ -113,7 +113,12 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                     return rec
                 async for event in sse_events(resp):
                     if "error" in event:
-                        rec.outcome, rec.error = ERROR, json.dumps(event["error"])[:300]
+                        rec.error = json.dumps(event["error"])[:300]
+                        # A suggestion cut short (its node died mid-stream) is discarded: the developer sees
+                        # nothing, as for a late one. Anything else that ends in an error is an error.
+                        cut = rec.kind == "editor" and (event["error"] or {}).get("code") == "upstream_failed"
+                        rec.outcome = DROPPED if cut else ERROR
+                        rec.finish_reason = "upstream_failed" if cut else rec.finish_reason
                         rec.done = clock()
                         return rec
                     usage = event.get("usage")

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from warmpath.server.protocol import error_body
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the chosen node, then one failover
+SESSIONS_KEPT = 10_000  # /admin/sessions remembers this many recent sessions
 
 
 def parse_nodes(config: RouterConfig) -> tuple[list[Node], list[str]]:
@@ -157,6 +159,10 @@ async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield buf
 
 
+class _ClientGone(Exception):
+    """The client disconnected while the router waited on the node."""
+
+
 class _Failed(Exception):
     """The node failed before the first byte reached the client: fail over."""
 
@@ -167,6 +173,16 @@ def create_router_app(config: RouterConfig) -> FastAPI:
                          config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks)
                for t in tiers}
     cache = ResponseCache(config.cache_entries, ttl_s=config.cache_ttl)
+    # session -> {"node": where its latest request went, "requests": how many it sent} (bounded, LRU)
+    sessions: OrderedDict[str, dict] = OrderedDict()
+
+    def note_session(session: str, node: str, new_request: bool) -> None:
+        entry = sessions.setdefault(session, {"node": node, "requests": 0})
+        entry["node"] = node
+        entry["requests"] += int(new_request)
+        sessions.move_to_end(session)
+        if len(sessions) > SESSIONS_KEPT:
+            sessions.popitem(last=False)
 
     def forget(node: Node) -> None:  # a node that left may come back empty: its index is stale
         routers[node.tier].forget(node.url)
@@ -233,6 +249,13 @@ def create_router_app(config: RouterConfig) -> FastAPI:
                                            code="invalid_admin_key"), status_code=401)
         return None
 
+    @app.get("/admin/sessions")
+    async def list_sessions(request: Request):
+        """Where each recent session's latest request went (where its prefix is warm)."""
+        if denied := admin_denied(request):
+            return denied
+        return {"sessions": dict(sessions)}
+
     @app.get("/admin/nodes")
     async def list_nodes(request: Request):
         if denied := admin_denied(request):
@@ -296,6 +319,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         decision = routers[tier].choose(RouteKey(routed.session, routed.prompt), nodes.available(tier),
                                         nodes.loads())
         metrics.decisions.labels(config.policy, decision.decision).inc()
+        if routed.session and decision.nodes:
+            note_session(routed.session, decision.nodes[0], True)
         if not decision.nodes:
             metrics.degraded.labels("no_node").inc()
             return JSONResponse(error_body(f"no healthy node{'' if len(tiers) == 1 else ' in tier ' + tier}",
@@ -308,6 +333,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             if len(tiers) > 1 and routed.body is not None and node.models and \
                     (model is None or model in model_names()):
                 payload = json.dumps({**routed.body, "model": node.models[0]}).encode()  # the tier's own model
+            if routed.session and attempt:
+                note_session(routed.session, url, False)  # failed over: the prefix now grows there
             try:
                 return await send(request, node, path, payload, routed, deadline, deadline_ok, key)
             except _Failed as e:
@@ -335,7 +362,9 @@ def create_router_app(config: RouterConfig) -> FastAPI:
                                      headers=forward_headers(request, deadline, deadline_ok))
             try:
                 async with asyncio.timeout_at(deadline):
-                    resp = await http.send(req, stream=True)
+                    resp = await _unless_disconnected(request, http.send(req, stream=True))
+            except _ClientGone:
+                return Response(status_code=499)
             except httpx.ConnectError as e:
                 nodes.mark_down(node, f"refused a connection: {e}")
                 raise _Failed(repr(e)) from None
@@ -352,7 +381,9 @@ def create_router_app(config: RouterConfig) -> FastAPI:
                 events = _sse_events(resp.aiter_raw())
                 try:
                     async with asyncio.timeout_at(deadline):
-                        first = await anext(events)
+                        first = await _unless_disconnected(request, anext(events))
+                except _ClientGone:  # a newer keystroke: closing the upstream stream (below) aborts it on the node
+                    return Response(status_code=499)
                 except (httpx.HTTPError, StopAsyncIteration) as e:
                     raise _Failed(repr(e)) from None
                 stream = relay(first, events, resp, node, deadline, routed, key)
@@ -431,6 +462,24 @@ async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[byt
             yield chunk
     finally:
         await rest.aclose()
+
+
+async def _unless_disconnected(request: Request, work):
+    """Await `work` (the node's headers, or its first event) unless the client goes away first: a request
+    cancelled before its first token must stop the node's work at once, not when the token finally comes."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        if not gone.done():
+            gone.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise _ClientGone()
 
 
 async def _read_all(resp: httpx.Response, deadline: float | None) -> bytes:
