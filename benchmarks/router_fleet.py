@@ -4,7 +4,7 @@ one run, each phase on fresh nodes (empty caches):
   one-big-node   one node with the three nodes' KV blocks together, no router (the hit rate to keep)
   hybrid         the router's default policy (every editor request carries its session key)
   round-robin    the baseline that throws warm prefixes away
-  hybrid + kill  the hybrid run again; one node is SIGKILLed at 1/3 of the run and restarted at 2/3
+  hybrid + kill  the hybrid run again; one node is SIGKILLed at --kill-at of the run, restarted at --back-at
 
 and, first, the router's own overhead: TTFT of the same warm requests direct to a node and through the router,
 interleaved. Prints tables, writes benchmarks/results/router_fleet.json.
@@ -42,6 +42,7 @@ from warmpath.workloads import make_trace
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 BASE_PORT = 8300
+ADMIN_KEY = "router-fleet"
 
 
 def start_node(port: int, blocks: int, threads: int, log: Path) -> subprocess.Popen:
@@ -94,7 +95,8 @@ class Fleet:
         self.router: subprocess.Popen | None = None
 
     def route(self, policy: str, *extra: str) -> str:
-        self.router = start_router(BASE_PORT + 99, self.urls, policy, self.logs / "router.log", *extra)
+        self.router = start_router(BASE_PORT + 99, self.urls, policy, self.logs / "router.log", "--admin-key",
+                                   ADMIN_KEY, *extra)
         self.router_url = f"http://127.0.0.1:{BASE_PORT + 99}"
         wait_ready(self.router_url, self.router)
         return self.router_url
@@ -133,26 +135,6 @@ async def overhead(node: str, router: str, n: int) -> dict:
 
 
 # -- the kill run's analysis ----------------------------------------------------------------------------------
-def moves(records: list[RequestRecord], windows: dict[str, tuple[float, float]]) -> dict:
-    """Each session's most used node per window, and which sessions changed node between windows."""
-    by: dict[str, dict[str, collections.Counter]] = collections.defaultdict(lambda: collections.defaultdict(
-        collections.Counter))
-    for r in records:
-        if r.node is None:
-            continue
-        for w, (a, b) in windows.items():
-            if a <= r.sent < b:
-                by[r.session][w][r.node] += 1
-    home = {s: {w: c.most_common(1)[0][0] for w, c in ws.items() if c} for s, ws in by.items()}
-    return home
-
-
-def hit_rate(records: list[RequestRecord], a: float, b: float) -> float | None:
-    rs = [r for r in records if a <= r.sent < b and r.prompt_tokens]
-    q = sum(r.prompt_tokens for r in rs)
-    return sum(r.cached_tokens or 0 for r in rs) / q if q else None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--developers", type=int, default=12)
@@ -166,6 +148,8 @@ def main() -> None:
                     help="client first-token deadline (the editor default is 300; on 2 shared cores every request "
                          "would be censored at it, so TTFT percentiles are measured against a longer one)")
     ap.add_argument("--phases", default="overhead,one-big-node,hybrid,round-robin,kill")
+    ap.add_argument("--kill-at", type=float, default=0.25, help="share of the run when node 1 is killed")
+    ap.add_argument("--back-at", type=float, default=0.5, help="share of the run when it is restarted")
     ap.add_argument("--json", default="benchmarks/results/router_fleet.json")
     args = ap.parse_args()
     phases = args.phases.split(",")
@@ -215,17 +199,33 @@ def main() -> None:
         run_phase("hybrid", "hybrid")
     if "round-robin" in phases:
         run_phase("round-robin", "round-robin")
-    kill_at, back_at = args.duration / 3, 2 * args.duration / 3
+    kill_at, back_at = args.duration * args.kill_at, args.duration * args.back_at
     if "kill" in phases:
         events: dict[str, float] = {}
 
         counters: dict[str, dict] = {}
+        routed: list[tuple[float, str, str]] = []  # (t, session, node) for every request the router placed
+
+        async def watch_sessions(http: httpx.AsyncClient, url: str, t0: float) -> None:
+            """Poll the router's session map: a session whose request count grew was routed to its node."""
+            seen: dict[str, int] = {}
+            while True:
+                try:
+                    r = await http.get(url + "/admin/sessions", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+                    for session, entry in r.json()["sessions"].items():
+                        if entry["requests"] > seen.get(session, 0):
+                            routed.append((time.monotonic() - t0, session, entry["node"]))
+                        seen[session] = entry["requests"]
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                await asyncio.sleep(0.25)
 
         async def chaos(fleet: Fleet) -> None:
             """Kill node 1 at kill_at, restart it at back_at; the fleet's prefix counters (through the router,
             restart-safe) are read at each boundary so the hit rate is known per window."""
             t0 = time.monotonic()
             async with httpx.AsyncClient() as http:
+                watcher = asyncio.create_task(watch_sessions(http, fleet.router_url, t0))
                 target = Target(fleet.router_url)
                 counters["start"] = await scrape(http, target)
                 await asyncio.sleep(kill_at)
@@ -240,6 +240,7 @@ def main() -> None:
                 counters["back"] = await scrape(http, target)
                 await asyncio.sleep(max(0.0, args.duration - (time.monotonic() - t0)))
                 counters["end"] = await scrape(http, target)
+                watcher.cancel()
         run_phase("hybrid+kill", "hybrid", chaos)
         out["kill"] = {"victim": runs["hybrid+kill"].extra["nodes"][1], **events}
 
@@ -266,29 +267,35 @@ def main() -> None:
         recs = runs["hybrid+kill"].records
         victim, nodes = out["kill"]["victim"], runs["hybrid+kill"].extra["nodes"]
         killed, back = out["kill"]["killed"], out["kill"]["back"]
-        windows = {"before": (0, killed), "down": (killed + 2, back), "after": (back + 5, args.duration + 60)}
-        home = moves(recs, windows)
+        # the router notices a refused connection at once, missed health checks within 1.5 s
+        windows = {"before": (0, killed), "down": (killed + 2, back), "after": (back + 2, args.duration + 60)}
+        nodes_in: dict[str, dict[str, set]] = collections.defaultdict(lambda: collections.defaultdict(set))
+        for t, session, node in routed:
+            for w, (a, b) in windows.items():
+                if a <= t < b:
+                    nodes_in[session][w].add(node)
         ring = HashRing(nodes)
-        victims = {s for s in home if ring.home(s) == victim}
-        moved_down = {s for s, w in home.items() if "before" in w and "down" in w and w["before"] != w["down"]}
-        returned = {s for s in victims if home[s].get("after") == home[s].get("before")}
+        victims = sorted(s for s in nodes_in if ring.home(s) == victim)
+        others = sorted(s for s in nodes_in if ring.home(s) != victim)
+        cut = [r for r in recs if r.finish_reason == "upstream_failed"]
         errors = [r for r in recs if r.outcome == ERROR]
         k = {
-            "sessions": len(home), "victim_sessions": sorted(victims),
-            "moved_while_down": sorted(moved_down),
-            "moved_while_down_not_victims": sorted(moved_down - victims),
-            "victim_sessions_back_home_after": sorted(returned),
+            "sessions": len(nodes_in), "victim_sessions": victims,
+            "nodes_per_window": {s: {w: sorted(v) for w, v in ws.items()} for s, ws in sorted(nodes_in.items())},
+            "victim_sessions_on_victim_while_down": [s for s in victims if victim in nodes_in[s]["down"]],
+            "other_sessions_off_their_home": {w: sorted(s for s in others if nodes_in[s][w] - {ring.home(s)})
+                                              for w in windows},
+            "victim_sessions_back_home_after": [s for s in victims if nodes_in[s]["after"] == {victim}],
+            "victim_sessions_active_after": [s for s in victims if nodes_in[s]["after"]],
             "errors_seen_by_clients": len(errors), "error_examples": [r.error for r in errors[:3]],
-            "answered_hit_rate_before": hit_rate(recs, *windows["before"]),
-            "answered_hit_rate_down": hit_rate(recs, *windows["down"]),
-            "answered_hit_rate_after": hit_rate(recs, *windows["after"]),
-            "requests_to_victim_while_down": sum(1 for r in recs if windows["down"][0] <= r.sent < windows["down"][1]
-                                                 and r.node == victim),
+            "suggestions_cut_mid_stream": len(cut),
+            "requests_routed": len(routed),
         }
         out["kill"].update(k)
         print("\nkill one node mid-run (hybrid):")
         for key, v in out["kill"].items():
-            print(f"  {key}: {v}")
+            if key != "nodes_per_window":
+                print(f"  {key}: {v}")
     if "overhead" in out:
         o = out["overhead"]
         print(f"\nrouter overhead ({o['requests_each']} warm requests each, interleaved): TTFT p50 direct "
