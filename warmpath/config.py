@@ -57,6 +57,11 @@ class EngineConfig:
     # only. Off by default: such steps are then not token-identical to fp32. "none" keeps one copy.
     gemv_dtype: str = "none"
     gemv_max_rows: int = 4
+    # Single-token steps (decode) on the CPU: "native" computes them in one compiled call over the checkpoint's
+    # own quantized blocks (GGUF Q4_1 / Q8_0; fp32 for other tensors) -- the fp32 weights' values, another
+    # order of summation; "torch" runs the torch model; "auto": native for a float32 model on the CPU when a
+    # C compiler is there, else torch (warmpath/kernels/).
+    decode_kernel: str = "auto"
     seed: int = 0
 
 

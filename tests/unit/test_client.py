@@ -152,8 +152,10 @@ def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
     assert s["requests"] > 3 and s["outcomes"]["error"] == 0
     assert s["outcomes"]["shown"] > 0 and s["editor_ttft_s"]["p50"] > 0
     assert 0 < s["prefix_hit_rate"] <= 1 and s["prefix_hit_rate_source"] == "server /metrics"
-    # Stale requests were aborted by the server, not run to their end: it finished no more than were shown.
+    # Stale requests were aborted by the server, not run to their end: it finished no more than were shown,
+    # but for the odd one whose last token left the server while the client's cancel was on its way.
     server = s["server"]
+    finished = server.get("finished_stop", 0) + server.get("finished_length", 0)
     assert server["aborted_client"] > 0
-    assert server.get("finished_stop", 0) + server.get("finished_length", 0) <= s["outcomes"]["shown"]
+    assert finished <= s["outcomes"]["shown"] + 2, (finished, s["outcomes"], server)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

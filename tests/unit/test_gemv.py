@@ -21,7 +21,7 @@ def test_few_rows_use_the_half_copy_and_more_rows_the_fp32_weights():
 
 
 def test_engine_keeps_half_copies_and_decodes(tiny_llama_dir):
-    llm = LLM(str(tiny_llama_dir), dtype="float32", gemv_dtype="float16", gemv_max_rows=2)
+    llm = LLM(str(tiny_llama_dir), dtype="float32", gemv_dtype="float16", gemv_max_rows=2, decode_kernel="torch")
     model = llm.engine.runner.model
     layer = model.layers[0]
     assert layer.small[id(layer.qkv_weight)].dtype == torch.float16 and layer.small["max_rows"] == 2

@@ -22,6 +22,7 @@ from warmpath.engine.request import (
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
+from warmpath.kernels.native import NativeDecoder, NativeKernelError
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.registry import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
@@ -51,6 +52,7 @@ class Engine:
         self.model_config = ckpt.config
         self.tokenizer: Tokenizer = ckpt.tokenizer
         model = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, self.dtype, config.device)
+        ckpt_quantized = ckpt.quantized
         del ckpt
         if config.gemv_dtype != "none":
             half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
@@ -64,11 +66,33 @@ class Engine:
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.dtype, config.device)
-        self.runner = ModelRunner(model, kv, config.block_size)
+        native = self._native_decoder(config, model, ckpt_quantized, kv)
+        del ckpt_quantized
+        self.runner = ModelRunner(model, kv, config.block_size, native)
         self.scheduler = Scheduler(config, self.pool)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
+
+    def _native_decoder(self, config: EngineConfig, model, quantized, kv) -> NativeDecoder | None:
+        if config.decode_kernel not in ("auto", "native", "torch"):
+            raise ValueError(f"decode_kernel must be auto, native or torch; got {config.decode_kernel!r}")
+        if config.decode_kernel == "torch":
+            return None
+        usable = config.device == "cpu" and self.dtype == torch.float32
+        if config.decode_kernel == "auto" and not usable:
+            return None
+        if not usable:
+            raise ValueError(f"decode_kernel=native needs a float32 model on the CPU; got {self.dtype} on {config.device}")
+        try:
+            native = NativeDecoder(model, quantized, kv, config.block_size)
+        except NativeKernelError as e:
+            if config.decode_kernel == "native":
+                raise
+            log.warning("native decode kernel unavailable, decoding with torch: %s", e)
+            return None
+        log.info("decode steps: native kernel over %.0f MB of quantized weights", native.weight_bytes / 1e6)
+        return native
 
     @property
     def model(self) -> LlamaForCausalLM:

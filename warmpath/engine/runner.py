@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from warmpath.engine.attention import AttentionMetadata, PrefillSpan
+from warmpath.kernels.native import NativeDecoder
 from warmpath.models.llama import LlamaForCausalLM
 
 
@@ -29,11 +30,13 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, block_size: int):
+    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, block_size: int,
+                 native: NativeDecoder | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = kv_cache.device
+        self.native = native  # computes the step's single-token sequences when set
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
@@ -96,5 +99,23 @@ class ModelRunner:
 
     def forward(self, seqs: list[SeqInput]) -> torch.Tensor:
         """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs."""
+        single = [s for s in seqs if len(s.token_ids) == 1] if self.native is not None else []
+        if not single:
+            return self._torch_forward(seqs)
+        # Sequences are independent (each attends only to its own blocks): the single-token ones go through the
+        # native kernel, the prefill chunks through torch, and the logits are put back in order.
+        native = self.native.decode([s.token_ids[0] for s in single], [s.num_computed for s in single],
+                                    [s.block_table for s in single])
+        multi = [s for s in seqs if len(s.token_ids) > 1]
+        from_native = iter(native)
+        from_torch = iter(self._torch_forward(multi) if multi else ())
+        rows = []
+        for s in seqs:
+            row = next(from_native) if len(s.token_ids) == 1 else next(from_torch) if s.sample else None
+            if s.sample:
+                rows.append(row)
+        return torch.stack(rows) if rows else native[:0]
+
+    def _torch_forward(self, seqs: list[SeqInput]) -> torch.Tensor:
         x = self.prepare(seqs)
         return self.model(x.input_ids, x.positions, x.meta, self.kv_cache, x.logits_rows)

@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from warmpath.config import ModelConfig
+from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
 from warmpath.models.registry import Checkpoint
 from warmpath.models.tokenizer import Tokenizer
 
@@ -44,6 +45,8 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# GGUF block formats the native decode kernel reads as they are (warmpath/models/quant.py).
+_QUANT_KINDS = {GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q8_0: "q8_0"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -143,6 +146,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
     reader = GGUFReader(path)
     config = read_config(reader)
     weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, QuantizedMatrix] = {}
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -152,12 +156,22 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
             raise ValueError(f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name}")
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dimensions innermost first
         w = dequantize_tensor(np.asarray(t.data), t.tensor_type).reshape(shape)
+        q = None
+        kind = _QUANT_KINDS.get(t.tensor_type)
+        if kind and len(shape) == 2:  # keep the blocks too: the native decode kernel reads them (models/quant.py)
+            q = from_gguf_blocks(torch.from_numpy(np.asarray(t.data).reshape(-1).view(np.uint8).copy()), kind, *shape)
         # llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama architecture.
+        heads = None
         if config.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute_rope_rows(w, config.num_heads)
+            heads = config.num_heads
         elif config.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute_rope_rows(w, config.num_kv_heads)
+            heads = config.num_kv_heads
+        if heads:
+            w = unpermute_rope_rows(w, heads)
+            q = q and q.map_rows(lambda r, h=heads: unpermute_rope_rows(r, h))
         weights[name] = w.to(dtype)
+        if q is not None:
+            quantized[name] = q
     log.info(
         "loaded %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %.1f M params",
         path.name,
@@ -169,4 +183,4 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         config.vocab_size,
         sum(w.numel() for w in weights.values()) / 1e6,
     )
-    return Checkpoint(config, weights, read_tokenizer(reader), str(path))
+    return Checkpoint(config, weights, read_tokenizer(reader), str(path), quantized)

@@ -9,12 +9,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from warmpath.config import ModelConfig, warmpath_home
+from warmpath.models.quant import QuantizedMatrix
 from warmpath.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class Checkpoint:
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
     source: str
+    # The checkpoint's own quantized blocks of 2-D weights (GGUF Q4_1 / Q8_0), HF-named, for the native decode
+    # kernel; empty for unquantized checkpoints.
+    quantized: dict[str, QuantizedMatrix] = field(default_factory=dict)
 
 
 def models_dir() -> Path:

@@ -1,0 +1,145 @@
+"""The native CPU decode kernel (warmpath/kernels/): its matrix products read the quantized blocks as the fp32
+weights' exact values, a decode step equals the torch model's up to summation order, a sequence's result does
+not depend on what it is batched with, and the engine mixes it with torch prefill correctly."""
+
+import logging
+
+import pytest
+import torch
+from tiny_model import write_tiny_gguf
+
+from warmpath import LLM, SamplingParams
+from warmpath.engine.kv_cache import allocate_kv_cache
+from warmpath.engine.runner import ModelRunner, SeqInput
+from warmpath.kernels import native
+from warmpath.kernels.native import NativeDecoder, NativeKernelError, matmul
+from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
+from warmpath.models.registry import load_checkpoint
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedMatrix:
+    """GGUF blocks with random quants and sane fp16 scales (random bytes would include inf/nan)."""
+    g = torch.Generator().manual_seed(seed)
+    n = rows * cols // 32
+    blocks = torch.randint(0, 256, (n, {"q4_1": 20, "q8_0": 34}[kind]), dtype=torch.uint8, generator=g)
+    blocks[:, 0:2] = (torch.rand(n, generator=g) * 0.02).half().view(torch.uint8).view(-1, 2)
+    if kind == "q4_1":
+        blocks[:, 2:4] = (-torch.rand(n, generator=g) * 0.1).half().view(torch.uint8).view(-1, 2)
+    return from_gguf_blocks(blocks.reshape(-1), kind, rows, cols)
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "f32"])
+@pytest.mark.parametrize("rows_of_x", [1, 3, 4, 5, 16])
+def test_matrix_product_equals_the_dequantized_weights_product(fmt, rows_of_x):
+    torch.manual_seed(0)
+    w = torch.randn(100, 96)  # 100 rows: not a multiple of the 4-row tiles
+    q = QuantizedMatrix("f32", 100, 96, w) if fmt == "f32" else random_blocks(fmt, 100, 96)
+    x = torch.randn(rows_of_x, 96)
+    ref = x.double() @ q.dequantize().double().T
+    torch.testing.assert_close(matmul(q, x, threads=2).double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_gguf_blocks_are_kept_and_decode_to_the_loaded_weights(tmp_path):
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ckpt = load_checkpoint(str(path), torch.float32)
+    kinds = {name: q.kind for name, q in ckpt.quantized.items()}
+    assert kinds["model.embed_tokens.weight"] == "q8_0" and kinds["model.layers.0.mlp.gate_proj.weight"] == "q4_1"
+    assert "model.layers.0.mlp.down_proj.weight" not in kinds  # Q4_0: not a native format, read as fp32
+    for name, q in ckpt.quantized.items():
+        assert torch.equal(q.dequantize(), ckpt.weights[name]), name
+
+
+def step_inputs(n_ctx: int, first_block: int) -> tuple[list[int], list[int]]:
+    torch.manual_seed(n_ctx)
+    return torch.randint(3, 200, (n_ctx,)).tolist(), list(range(first_block, first_block + n_ctx // 16 + 1))
+
+
+@pytest.mark.parametrize("model_dir", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_a_decode_step_equals_the_torch_models(model_dir, request):
+    """fp32 weights in the kernel: the same logits as the torch model (to summation order) and the same K/V
+    written into the cache, for sequences of different lengths in one step (Qwen2: with q/k/v biases)."""
+    llm = LLM(str(request.getfixturevalue(model_dir)), dtype="float32", decode_kernel="torch", num_kv_blocks=64)
+    model, cfg = llm.engine.model, llm.model_config
+    kv = allocate_kv_cache(cfg, 64, 16, torch.float32, "cpu")
+    runner = ModelRunner(model, kv, 16)
+    kernel = NativeDecoder(model, {}, kv, 16, weights="f32")
+    seqs = []
+    for n_ctx, first in ((5, 0), (37, 4), (130, 10)):  # not block-aligned; 130 > one 128-token attention span
+        prompt, table = step_inputs(n_ctx, first)
+        runner.forward([SeqInput(prompt, 0, table)])
+        seqs.append(SeqInput([7 + n_ctx % 50], n_ctx, table))
+    before = kv.clone()
+    ref = runner.forward(seqs)
+    kv_ref, kv[:] = kv.clone(), before
+    out = kernel.decode([s.token_ids[0] for s in seqs], [s.num_computed for s in seqs], [s.block_table for s in seqs])
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kv, kv_ref, rtol=1e-5, atol=1e-5)
+    assert out.argmax(-1).tolist() == ref.argmax(-1).tolist()
+
+
+def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path):
+    """Bit for bit, over the GGUF's Q4_1 and Q8_0 blocks: 1-4 rows and more than 4 rows take different loops."""
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ckpt = load_checkpoint(str(path), torch.float32)
+    llm = LLM(str(path), dtype="float32", decode_kernel="torch", num_kv_blocks=160)
+    model, cfg = llm.engine.model, llm.model_config
+    kv = allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu")
+    runner = ModelRunner(model, kv, 16)
+    kernel = NativeDecoder(model, ckpt.quantized, kv, 16)
+    assert kernel.weight_kinds == ["f32", "q4_1", "q8_0"]
+    seqs = []
+    for i, n_ctx in enumerate((40, 3, 150, 17, 64, 90, 8, 33)):
+        prompt, table = step_inputs(n_ctx, 16 * i)
+        runner.forward([SeqInput(prompt, 0, table)])
+        seqs.append((prompt[-1], n_ctx, table))
+    before = kv.clone()
+
+    def decode(batch):
+        kv[:] = before
+        return kernel.decode(*map(list, zip(*batch, strict=True)))
+
+    alone = decode(seqs[:1])[0]
+    for batch in (seqs[:3], seqs[:4], seqs[:5], seqs):
+        assert torch.equal(decode(batch)[0], alone)
+
+
+def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir):
+    """Prompts admitted while others decode: steps carry prefill chunks (torch) and decodes (native) together.
+    Every request gets the tokens it gets alone, and the pool is whole afterwards."""
+    llm = LLM(str(tiny_long_dir), dtype="float32", decode_kernel="native", max_num_batched_tokens=48,
+              num_kv_blocks=128)
+    assert llm.engine.runner.native is not None
+    tok = llm.get_tokenizer()
+    prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + i))} for i in range(6)]
+    together = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    alone = [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
+    assert together == alone
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_decode_kernel_settings(tiny_llama_dir):
+    assert LLM(str(tiny_llama_dir), dtype="float32").engine.runner.native is not None  # auto: native on fp32 CPU
+    assert LLM(str(tiny_llama_dir), dtype="bfloat16").engine.runner.native is None  # auto: torch otherwise
+    assert LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="torch").engine.runner.native is None
+    with pytest.raises(ValueError, match="decode_kernel"):
+        LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="fast")
+    with pytest.raises(ValueError, match="float32"):
+        LLM(str(tiny_llama_dir), dtype="bfloat16", decode_kernel="native")
+
+
+def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_llama_dir, tmp_path, monkeypatch,
+                                                                         caplog):
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))  # no kernel built here yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    native.load_library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            llm = LLM(str(tiny_llama_dir), dtype="float32")
+        assert llm.engine.runner.native is None and "native decode kernel unavailable" in caplog.text
+        assert len(llm.generate("def f", GREEDY)[0].token_ids) == 12
+        with pytest.raises(NativeKernelError, match="no C compiler"):
+            LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="native")
+    finally:
+        native.load_library.cache_clear()

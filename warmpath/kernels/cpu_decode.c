@@ -1,0 +1,437 @@
+/* One decode step of a Llama-family model on the CPU, over quantized weights and warmpath's paged KV cache.
+
+   Why native: a decode step of a small model is bound by reading weights and by per-op overhead. In torch a
+   step is ~1,200 small ops (~20 ms of dispatch for SmolLM2) and fp32 weights (530 MB/token); here it is one
+   call that reads the checkpoint's own 4-bit blocks (~85 MB/token) with AVX2, and touches each weight once
+   for all the step's sequences.
+
+   Numerics: weights are dequantized exactly as the loader does (d * q + m in fp32, no fused multiply-add),
+   so the only difference from the fp32 torch path is the order of summation.
+
+   Layouts (all row-major, C-contiguous, built by warmpath/kernels/native.py):
+     WP_F32:  qs = float[rows][cols]
+     WP_Q4_1: qs = uint8[rows][cols/2] (per 32-block: byte j = value j in the low nibble, value j+16 in the
+              high nibble, as in GGUF), d = m = float[rows][cols/32]; w = d * q + m
+     WP_Q8_0: qs = int8[rows][cols], d = float[rows][cols/32]; w = d * q
+     KV cache: float[num_layers][2][num_blocks][block_size][num_kv_heads][head_dim]
+     rope:     float[2][max_positions][head_dim] (cos, sin), rotate-half layout */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };
+
+typedef struct {
+    int32_t type, rows, cols, _pad;
+    const void *qs;
+    const float *d;
+    const float *m;
+    const float *bias; /* [rows] or NULL */
+} wp_matrix;
+
+typedef struct {
+    const float *input_norm, *post_attention_norm;
+    wp_matrix qkv, o, gate_up, down;
+} wp_layer;
+
+typedef struct {
+    int32_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, vocab, block_size,
+        max_positions, num_kv_blocks;
+    float eps, scale;
+    const float *embed; /* [vocab][hidden] */
+    const float *norm;  /* [hidden] */
+    const float *rope;
+    const wp_layer *layers;
+    wp_matrix head;
+} wp_model;
+
+
+#ifdef __AVX2__
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Values 8c..8c+7 of block b of weight row `row`, times the block's scale d (the m of Q4_1 is added apart). */
+static inline __attribute__((always_inline)) __m256 load_chunk(const wp_matrix *W, const int TYPE, int64_t row,
+                                                              int64_t b, int c) {
+    const int64_t nb = W->cols / 32;
+    if (TYPE == WP_Q4_1) {
+        const uint8_t *p = (const uint8_t *)W->qs + row * (W->cols / 2) + b * 16 + 8 * (c & 1);
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        q = c < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
+        return _mm256_mul_ps(_mm256_set1_ps(W->d[row * nb + b]), _mm256_cvtepi32_ps(q));
+    }
+    if (TYPE == WP_Q8_0) {
+        const int8_t *p = (const int8_t *)W->qs + row * W->cols + b * 32 + 8 * c;
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        return _mm256_mul_ps(_mm256_set1_ps(W->d[row * nb + b]), _mm256_cvtepi32_ps(q));
+    }
+    return _mm256_loadu_ps((const float *)W->qs + row * W->cols + b * 32 + 8 * c);
+}
+
+/* A register tile: NW weight rows (n..n+NW) times NR rows of x, every weight chunk loaded once for the NR
+   rows. NW and NR are constants at every call, so acc[][] lives in registers; NW x NR <= 8 independent
+   FMA chains hide the FMA latency. Writes y[r][n+i] = sum_k (d q) x (without Q4_1's m term and the bias). */
+static inline __attribute__((always_inline)) void tile(const wp_matrix *W, const int TYPE, const float *x, int64_t n,
+                                                       const int NW, const int NR, float *y, int64_t ldy) {
+    const int64_t K = W->cols, nb = K / 32;
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NW; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256 xv[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) xv[r] = _mm256_loadu_ps(x + r * K + b * 32 + 8 * c);
+#pragma GCC unroll 4
+            for (int i = 0; i < NW; i++) {
+                const __m256 w = load_chunk(W, TYPE, n + i, b, c);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) acc[i][r] = _mm256_fmadd_ps(w, xv[r], acc[i][r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NW; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) y[r * ldy + n + i] = hsum(acc[i][r]);
+}
+
+#define PREFETCH_ROWS 16
+
+/* x rows r0.. (nr <= 4) times weight rows n0..n1, for one weight format (a constant: no branch inside). */
+static inline __attribute__((always_inline)) void tile_rows_t(const wp_matrix *W, const int TYPE, const float *x,
+                                                              int nr, float *y, int64_t ldy, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    const int64_t row_bytes = TYPE == WP_Q4_1 ? W->cols / 2 : TYPE == WP_Q8_0 ? W->cols : W->cols * 4;
+    for (; n + 4 <= n1; n += 4) {
+        /* Prefetch the weight rows PREFETCH_ROWS ahead: decode is a stream through memory, and at a few rows
+           per step the loop is too slow for the hardware prefetcher alone to keep enough lines in flight. */
+        if (n + PREFETCH_ROWS + 4 <= n1) {
+            const char *p = (const char *)W->qs + (n + PREFETCH_ROWS) * row_bytes;
+            for (int64_t o = 0; o < 4 * row_bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+            if (TYPE != WP_F32) {
+                const char *pd = (const char *)(W->d + (n + PREFETCH_ROWS) * (W->cols / 32));
+                for (int64_t o = 0; o < 4 * (W->cols / 32) * 4; o += 64) _mm_prefetch(pd + o, _MM_HINT_T0);
+            }
+        }
+        switch (nr) {
+            case 1: tile(W, TYPE, x, n, 4, 1, y, ldy); break;
+            case 2: tile(W, TYPE, x, n, 4, 2, y, ldy); break;
+            case 3: tile(W, TYPE, x, n, 2, 3, y, ldy); tile(W, TYPE, x, n + 2, 2, 3, y, ldy); break;
+            default: tile(W, TYPE, x, n, 2, 4, y, ldy); tile(W, TYPE, x, n + 2, 2, 4, y, ldy); break;
+        }
+    }
+    for (; n < n1; n++) {
+        switch (nr) {
+            case 1: tile(W, TYPE, x, n, 1, 1, y, ldy); break;
+            case 2: tile(W, TYPE, x, n, 1, 2, y, ldy); break;
+            case 3: tile(W, TYPE, x, n, 1, 3, y, ldy); break;
+            default: tile(W, TYPE, x, n, 1, 4, y, ldy); break;
+        }
+    }
+}
+
+static void tile_rows(const wp_matrix *W, const float *x, int nr, float *y, int64_t n0, int64_t n1) {
+    switch (W->type) {
+        case WP_Q4_1: tile_rows_t(W, WP_Q4_1, x, nr, y, W->rows, n0, n1); break;
+        case WP_Q8_0: tile_rows_t(W, WP_Q8_0, x, nr, y, W->rows, n0, n1); break;
+        default: tile_rows_t(W, WP_F32, x, nr, y, W->rows, n0, n1); break;
+    }
+}
+
+/* y[r][n] = x[r] . W[n] (+ bias[n]) for the nr rows of x and weight rows n0..n1.
+   Q4_1: sum_j (d q_j + m) x_j = sum_j (d q_j) x_j + m (sum_j x_j); xsum[r][b] holds the last sums. */
+static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, int nr, float *y, int64_t n0,
+                        int64_t n1) {
+    const int64_t K = W->cols, N = W->rows, nb = K / 32;
+    if (nr > 4 && W->type != WP_F32) {
+        /* Many rows: convert 4 weight rows at a time (d * q, the same values the tiles compute) into an
+           L1-sized buffer and run the fp32 tiles over it, so the conversion is paid once per weight, not once
+           per 4 rows of x. Every row of x sees the same operations in the same order whatever the batch:
+           a sequence's result does not depend on what it is batched with. */
+        float *wbuf = (float *)malloc((size_t)4 * K * sizeof(float));
+        if (wbuf) {
+            for (int64_t g0 = n0; g0 < n1; g0 += 4) {
+                const int cnt = n1 - g0 < 4 ? (int)(n1 - g0) : 4;
+                for (int i = 0; i < cnt; i++)
+                    for (int64_t b = 0; b < nb; b++)
+                        for (int c = 0; c < 4; c++) {
+                            const __m256 w = W->type == WP_Q4_1 ? load_chunk(W, WP_Q4_1, g0 + i, b, c)
+                                                                 : load_chunk(W, WP_Q8_0, g0 + i, b, c);
+                            _mm256_storeu_ps(wbuf + i * K + b * 32 + 8 * c, w);
+                        }
+                const wp_matrix F = {WP_F32, cnt, (int32_t)K, 0, wbuf, NULL, NULL, NULL};
+                for (int r0 = 0; r0 < nr; r0 += 4)
+                    tile_rows_t(&F, WP_F32, x + (int64_t)r0 * K, nr - r0 < 4 ? nr - r0 : 4, y + (int64_t)r0 * N + g0, N,
+                                0, cnt);
+            }
+            free(wbuf);
+            goto offsets;
+        }
+    }
+    /* Weight rows outer, x rows inner: a group of weight rows is read from memory once and stays in L1 while
+       every 4 rows of x pass over it. */
+    for (int64_t g0 = n0; g0 < n1; g0 += 16) {
+        const int64_t g1 = g0 + 16 < n1 ? g0 + 16 : n1;
+        for (int r0 = 0; r0 < nr; r0 += 4)
+            tile_rows(W, x + (int64_t)r0 * K, nr - r0 < 4 ? nr - r0 : 4, y + (int64_t)r0 * N, g0, g1);
+    }
+offsets:
+    if (W->type == WP_Q4_1 || W->bias)
+        for (int r = 0; r < nr; r++)
+            for (int64_t n = n0; n < n1; n++) {
+                float s = 0.f;
+                if (W->type == WP_Q4_1) {
+                    const float *mn = W->m + n * nb, *xs = xsum + (int64_t)r * nb;
+                    for (int64_t b = 0; b < nb; b++) s += mn[b] * xs[b];
+                }
+                if (W->bias) s += W->bias[n];
+                y[(int64_t)r * N + n] += s;
+            }
+}
+#else
+static float weight_at(const wp_matrix *W, int64_t row, int64_t k) {
+    const int64_t nb = W->cols / 32, b = k / 32, j = k % 32;
+    if (W->type == WP_Q4_1) {
+        const uint8_t byte = ((const uint8_t *)W->qs)[row * (W->cols / 2) + b * 16 + (j % 16)];
+        const float q = (float)(j < 16 ? byte & 15 : byte >> 4);
+        const float dq = W->d[row * nb + b] * q;
+        return dq + W->m[row * nb + b];
+    }
+    if (W->type == WP_Q8_0) return W->d[row * nb + b] * (float)((const int8_t *)W->qs)[row * W->cols + k];
+    return ((const float *)W->qs)[row * W->cols + k];
+}
+
+static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, int nr, float *y, int64_t n0,
+                        int64_t n1) {
+    const int64_t K = W->cols, N = W->rows;
+    (void)xsum;
+    for (int64_t n = n0; n < n1; n++)
+        for (int r = 0; r < nr; r++) {
+            float s = 0.f;
+            for (int64_t k = 0; k < K; k++) s += weight_at(W, n, k) * x[(int64_t)r * K + k];
+            if (W->bias) s += W->bias[n];
+            y[(int64_t)r * N + n] = s;
+        }
+}
+#endif
+
+/* y[D][rows] = x[D][cols] @ W.T, weight rows split over the threads: each weight is read once per step. */
+static void matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
+    const int64_t N = W->rows, K = W->cols, nb = K / 32;
+    float *xsum = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
+    for (int64_t i = 0; i < D * nb; i++) {
+        float s = 0.f;
+        for (int j = 0; j < 32; j++) s += x[i * 32 + j];
+        xsum[i] = s;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        /* Contiguous row ranges, a multiple of 8 rows each, so threads do not share cache lines of y. */
+        const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
+        const int64_t n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
+        matvec_rows(W, x, xsum, D, y, n0, n1);
+    }
+    free(xsum);
+}
+
+static void rms_norm(const float *x, const float *w, float eps, int D, int H, float *out) {
+    for (int r = 0; r < D; r++) {
+        const float *xr = x + (int64_t)r * H;
+        double ss = 0.0;
+        for (int i = 0; i < H; i++) ss += (double)xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf((float)(ss / H) + eps);
+        for (int i = 0; i < H; i++) out[(int64_t)r * H + i] = w[i] * (xr[i] * inv);
+    }
+}
+
+static void rope(float *v, const float *cos, const float *sin, int hd) {
+    const int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+static inline float dot(const float *a, const float *b, int n) {
+#ifdef __AVX2__
+    if (n % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        return hsum(acc);
+    }
+#endif
+    float s = 0.f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#define SPLIT 128 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
+#define MAX_GROUP 16
+
+/* Attention of one query-head group (the G heads sharing KV head g) of sequence r over context tokens
+   t0..t1: reads each K/V row once for the G heads. Writes per head: [max score, sum of exp, unnormalized
+   output (hd values)] into part (G * (hd + 2) floats). */
+static void attend_split(const float *q, const float *kc, const float *vc, const int32_t *table, int bs,
+                         int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part) {
+    const int64_t n = t1 - t0;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *k = kc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
+        for (int j = 0; j < G; j++) s[j * SPLIT + (t - t0)] = dot(q + j * hd, k, hd) * scale;
+    }
+    for (int j = 0; j < G; j++) {
+        float *sj = s + j * SPLIT, mx = -INFINITY, sum = 0.f;
+        for (int64_t i = 0; i < n; i++) mx = sj[i] > mx ? sj[i] : mx;
+        for (int64_t i = 0; i < n; i++) sum += (sj[i] = expf(sj[i] - mx));
+        float *pj = part + j * (hd + 2);
+        pj[0] = mx;
+        pj[1] = sum;
+        float *o = pj + 2;
+        int i0 = 0;
+#ifdef __AVX2__
+        for (; i0 + 32 <= hd; i0 += 32) { /* 32 output values in 4 registers across the whole span */
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t t = t0; t < t1; t++) {
+                const float *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok + i0;
+                const __m256 p = _mm256_set1_ps(sj[t - t0]);
+                for (int c = 0; c < 4; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+            }
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + i0 + 8 * c, acc[c]);
+        }
+#endif
+        for (int i = i0; i < hd; i++) o[i] = 0.f;
+        for (int64_t t = t0; t < t1 && i0 < hd; t++) {
+            const float *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
+            for (int i = i0; i < hd; i++) o[i] += sj[t - t0] * v[i];
+        }
+    }
+}
+
+/* Writes the step's new K/V into their slots, then attends every query head over its sequence's context.
+   Tasks are (sequence, KV head, span of SPLIT tokens); spans are merged with the usual max/sum rescaling. */
+static int attention(const wp_model *M, int layer, int D, const int64_t *pos, const int32_t *tables, int width,
+                     const float *qkv, float *kv, float *out, int nthreads) {
+    const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size;
+    const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd;
+    const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok;
+    float *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
+    int *first = (int *)malloc((size_t)(D + 1) * sizeof(int)); /* first task of each sequence */
+    if (!first) return -1;
+    first[0] = 0;
+    for (int r = 0; r < D; r++) {
+        const int64_t p = pos[r], slot = (int64_t)tables[(int64_t)r * width + p / bs] * bs + p % bs;
+        memcpy(kc + slot * tok, qkv + (int64_t)r * qkv_w + H * hd, tok * sizeof(float));
+        memcpy(vc + slot * tok, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
+        first[r + 1] = first[r] + KVH * (int)((p + SPLIT) / SPLIT);
+    }
+    const int tasks = first[D];
+    float *parts = (float *)malloc((size_t)tasks * G * (hd + 2) * sizeof(float));
+    float *scores = (float *)malloc((size_t)nthreads * G * SPLIT * sizeof(float));
+    if (!parts || !scores) {
+        free(first), free(parts), free(scores);
+        return -1;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int task = 0; task < tasks; task++) {
+        int r = 0;
+        while (first[r + 1] <= task) r++;
+        const int nspan = (first[r + 1] - first[r]) / KVH, g = (task - first[r]) / nspan, c = (task - first[r]) % nspan;
+        const int64_t t0 = (int64_t)c * SPLIT, t1 = t0 + SPLIT < pos[r] + 1 ? t0 + SPLIT : pos[r] + 1;
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        attend_split(qkv + (int64_t)r * qkv_w + g * G * hd, kc + g * hd, vc + g * hd, tables + (int64_t)r * width, bs,
+                     tok, G, hd, M->scale, t0, t1, scores + (int64_t)thread * G * SPLIT, parts + (int64_t)task * G * (hd + 2));
+    }
+    for (int r = 0; r < D; r++) {
+        const int nspan = (first[r + 1] - first[r]) / KVH;
+        for (int h = 0; h < H; h++) {
+            const int g = h / G, j = h % G;
+            const float *p0 = parts + ((int64_t)first[r] + g * nspan) * G * (hd + 2) + j * (hd + 2);
+            const int64_t stride = (int64_t)G * (hd + 2);
+            float mx = -INFINITY, sum = 0.f;
+            for (int c = 0; c < nspan; c++) mx = p0[c * stride] > mx ? p0[c * stride] : mx;
+            float *o = out + (int64_t)r * H * hd + h * hd;
+            for (int i = 0; i < hd; i++) o[i] = 0.f;
+            for (int c = 0; c < nspan; c++) {
+                const float *pc = p0 + c * stride, w = expf(pc[0] - mx);
+                sum += w * pc[1];
+                for (int i = 0; i < hd; i++) o[i] += w * pc[2 + i];
+            }
+            const float inv = 1.0f / sum;
+            for (int i = 0; i < hd; i++) o[i] *= inv;
+        }
+    }
+    free(first), free(parts), free(scores);
+    return 0;
+}
+
+/* One decode step for D sequences: token ids, positions (= tokens already cached), block tables [D][width].
+   Writes each layer's new K/V into kv and fp32 logits [D][vocab]. Returns 0, or -1 when out of memory. */
+int wp_decode_step(const wp_model *M, int D, const int64_t *tokens, const int64_t *pos, const int32_t *tables,
+                   int width, float *kv, float *logits, int nthreads) {
+    const int Hd = M->hidden, I = M->intermediate, hd = M->head_dim, H = M->num_heads, KVH = M->num_kv_heads;
+    const int qkv_w = (H + 2 * KVH) * hd;
+    if (H / KVH > MAX_GROUP) return -2;
+    const int64_t need = (int64_t)D * (2 * Hd + qkv_w + H * hd + 2 * I + I);
+    float *buf = (float *)malloc(need * sizeof(float));
+    if (!buf) return -1;
+    float *x = buf, *h = x + (int64_t)D * Hd, *qkv = h + (int64_t)D * Hd, *att = qkv + (int64_t)D * qkv_w;
+    float *gu = att + (int64_t)D * H * hd, *act = gu + (int64_t)D * 2 * I;
+
+    for (int r = 0; r < D; r++) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
+    const float *cos_t = M->rope, *sin_t = M->rope + (int64_t)M->max_positions * hd;
+    for (int l = 0; l < M->num_layers; l++) {
+        const wp_layer *L = &M->layers[l];
+        rms_norm(x, L->input_norm, M->eps, D, Hd, h);
+        matmul(&L->qkv, h, D, qkv, nthreads);
+        for (int r = 0; r < D; r++) {
+            const float *c = cos_t + pos[r] * hd, *s = sin_t + pos[r] * hd;
+            for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, c, s, hd);
+        }
+        if (attention(M, l, D, pos, tables, width, qkv, kv, att, nthreads)) {
+            free(buf);
+            return -1;
+        }
+        matmul(&L->o, att, D, h, nthreads);
+        for (int64_t i = 0; i < (int64_t)D * Hd; i++) x[i] += h[i];
+        rms_norm(x, L->post_attention_norm, M->eps, D, Hd, h);
+        matmul(&L->gate_up, h, D, gu, nthreads);
+        for (int r = 0; r < D; r++)
+            for (int i = 0; i < I; i++) {
+                const float g = gu[(int64_t)r * 2 * I + i], u = gu[(int64_t)r * 2 * I + I + i];
+                act[(int64_t)r * I + i] = g / (1.0f + expf(-g)) * u;
+            }
+        matmul(&L->down, act, D, h, nthreads);
+        for (int64_t i = 0; i < (int64_t)D * Hd; i++) x[i] += h[i];
+    }
+    rms_norm(x, M->norm, M->eps, D, Hd, h);
+    matmul(&M->head, h, D, logits, nthreads);
+    free(buf);
+    return 0;
+}
+
+/* y[D][rows] = x[D][cols] @ W.T alone (tests and benchmarks of the matrix kernels). */
+void wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) { matmul(W, x, D, y, nthreads); }

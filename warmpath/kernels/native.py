@@ -1,0 +1,180 @@
+"""The native CPU decode step (cpu_decode.c): built with the system C compiler on first use, called via ctypes.
+
+NativeDecoder holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
+fp32 for anything else) and computes a whole decode step for
+any number of single-token sequences in one call, over the same paged KV cache the torch model uses: prefill
+stays in torch (large matmuls), decode comes here (weight reads and per-op overhead).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from warmpath.config import warmpath_home
+from warmpath.models.quant import QuantizedMatrix, concat_rows
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
+
+
+class NativeKernelError(RuntimeError):
+    """The native kernel cannot be built or used here (no C compiler, unsupported model or dtype)."""
+
+
+class Matrix(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
+                ("_pad", ctypes.c_int32), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p), ("qkv", Matrix),
+                ("o", Matrix), ("gate_up", Matrix), ("down", Matrix)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads",
+                                              "head_dim", "vocab", "block_size", "max_positions", "num_kv_blocks")]
+    _fields_ += [("eps", ctypes.c_float), ("scale", ctypes.c_float), ("embed", ctypes.c_void_p),
+                 ("norm", ctypes.c_void_p), ("rope", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)),
+                 ("head", Matrix)]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@cache
+def load_library() -> ctypes.CDLL:
+    """Compile cpu_decode.c for this CPU (once; cached under $WARMPATH_HOME/kernels) and load it."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    out = warmpath_home() / "kernels" / f"cpu_decode-{platform.machine()}-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cc = os.environ.get("CC", "cc")
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            # torch's own OpenMP runtime is the one already loaded: the kernel's threads share its pool.
+            subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
+            os.replace(tmp, out)  # atomic: servers starting together never load a half-written file
+        except FileNotFoundError as e:
+            raise NativeKernelError(f"no C compiler ({cc}) to build the native decode kernel") from e
+        except subprocess.CalledProcessError as e:
+            raise NativeKernelError(f"building the native decode kernel failed:\n{e.stderr}") from e
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        log.info("built the native decode kernel: %s", out)
+    lib = ctypes.CDLL(str(out))
+    lib.wp_decode_step.restype = ctypes.c_int
+    lib.wp_decode_step.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.wp_matmul.restype = None
+    lib.wp_matmul.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _matrix(q: QuantizedMatrix, bias: torch.Tensor | None = None) -> Matrix:
+    if q.cols % 32:
+        raise NativeKernelError(f"the native kernel needs rows of a multiple of 32 values, got {q.cols}")
+    return Matrix(KINDS[q.kind], q.rows, q.cols, 0, _ptr(q.qs), _ptr(q.d), _ptr(q.m), _ptr(bias))
+
+
+def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """x [D, cols] fp32 @ q.T -> [D, rows], through the kernel's matrix product (for tests and benchmarks)."""
+    x = x.float().contiguous()
+    y = torch.empty(x.shape[0], q.rows)
+    m = _matrix(q)
+    load_library().wp_matmul(ctypes.byref(m), x.data_ptr(), x.shape[0], y.data_ptr(), threads or torch.get_num_threads())
+    return y
+
+
+class NativeDecoder:
+    """Decode steps of one model over one KV cache, in native code."""
+
+    def __init__(self, model, quantized: dict[str, QuantizedMatrix], kv_cache: torch.Tensor, block_size: int,
+                 weights: str = "checkpoint"):
+        """weights: "checkpoint" reads the checkpoint's own quantized blocks where it has them and the fp32
+        weights elsewhere (both are the values the torch model computes with); "f32" reads fp32 everywhere."""
+        cfg = model.cfg
+        if model.embed.dtype != torch.float32 or kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
+            raise NativeKernelError("the native decode kernel needs a float32 model and KV cache on the CPU")
+        if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
+            raise NativeKernelError("unsupported attention shape for the native decode kernel")
+        self.lib = load_library()
+        self.kv_cache = kv_cache
+        self._keep: list = []  # every tensor the C structs point into
+
+        def pick(names: list[str], fused: torch.Tensor) -> QuantizedMatrix:
+            parts = [quantized.get(n) for n in names]
+            q = concat_rows(parts) if weights == "checkpoint" and all(p is not None for p in parts) else None
+            q = q or QuantizedMatrix("f32", *fused.shape, fused.detach().contiguous())
+            self._keep.append(q)
+            return q
+
+        layers = (Layer * cfg.num_layers)()
+        for i, layer in enumerate(model.layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            layers[i] = Layer(
+                layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr(),
+                _matrix(pick([a + f"{x}_proj.weight" for x in "qkv"], layer.qkv_weight), layer.qkv_bias),
+                _matrix(pick([a + "o_proj.weight"], layer.o_weight)),
+                _matrix(pick([m + "gate_proj.weight", m + "up_proj.weight"], layer.gate_up_weight)),
+                _matrix(pick([m + "down_proj.weight"], layer.down_weight)),
+            )
+        head_name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
+        head = model.embed if model.lm_head is None else model.lm_head
+        self._keep += [layers, model]
+        num_blocks = kv_cache.shape[2]
+        self.model = Model(
+            cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.vocab_size, block_size, model.rope.shape[1], num_blocks, cfg.rms_norm_eps, cfg.head_dim**-0.5,
+            model.embed.data_ptr(), model.norm.data_ptr(), model.rope.data_ptr(), layers,
+            _matrix(pick([head_name], head)),
+        )
+        mats = [q for q in self._keep if isinstance(q, QuantizedMatrix)]
+        self.weight_bytes = sum(q.nbytes for q in mats)
+        self.weight_kinds = sorted({q.kind for q in mats})  # e.g. ["f32", "q4_1", "q8_0"]
+        self.vocab = cfg.vocab_size
+
+    def decode(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
+        """One step: sequence i has its last token token_ids[i] at positions[i] (= tokens already cached) and
+        block_tables[i] covering positions[i] + 1 tokens. Returns fp32 logits [len(token_ids), vocab]."""
+        n = len(token_ids)
+        width = max(len(t) for t in block_tables)
+        tables = torch.zeros(n, width, dtype=torch.int32)
+        for i, t in enumerate(block_tables):
+            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        tokens = torch.tensor(token_ids, dtype=torch.int64)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        logits = torch.empty(n, self.vocab)
+        rc = self.lib.wp_decode_step(ctypes.byref(self.model), n, tokens.data_ptr(), pos.data_ptr(), tables.data_ptr(),
+                                     width, self.kv_cache.data_ptr(), logits.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("the native decode step could not allocate its work buffers")
+        return logits
