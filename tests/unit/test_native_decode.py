@@ -57,7 +57,7 @@ def step_inputs(n_ctx: int, first_block: int) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("model_dir", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_a_decode_step_equals_the_torch_models(model_dir, request):
+def test_a_step_equals_the_torch_models(model_dir, request):
     """fp32 weights in the kernel: the same logits as the torch model (to summation order) and the same K/V
     written into the cache, for sequences of different lengths in one step (Qwen2: with q/k/v biases)."""
     llm = LLM(str(request.getfixturevalue(model_dir)), dtype="float32", decode_kernel="torch", num_kv_blocks=64)
@@ -66,14 +66,17 @@ def test_a_decode_step_equals_the_torch_models(model_dir, request):
     runner = ModelRunner(model, kv, 16)
     kernel = NativeDecoder(model, {}, kv, 16, weights="f32")
     seqs = []
-    for n_ctx, first in ((5, 0), (37, 4), (130, 10)):  # not block-aligned; 130 > one 128-token attention span
-        prompt, table = step_inputs(n_ctx, first)
-        runner.forward([SeqInput(prompt, 0, table)])
-        seqs.append(SeqInput([7 + n_ctx % 50], n_ctx, table))
+    # Decodes and short chunks (causal within the chunk): not block-aligned, some over more than one 128-token
+    # attention span, one chunk crossing a span boundary, one with nothing cached.
+    for n_ctx, first, new in ((5, 0, 1), (37, 4, 1), (130, 10, 1), (124, 20, 9), (0, 30, 20), (300, 40, 3)):
+        prompt, table = step_inputs(n_ctx + new, first)
+        if n_ctx:
+            runner.forward([SeqInput(prompt[:n_ctx], 0, table)])
+        seqs.append(SeqInput(prompt[n_ctx:], n_ctx, table))
     before = kv.clone()
     ref = runner.forward(seqs)
     kv_ref, kv[:] = kv.clone(), before
-    out = kernel.decode([s.token_ids[0] for s in seqs], [s.num_computed for s in seqs], [s.block_table for s in seqs])
+    out = kernel.forward([s.token_ids for s in seqs], [s.num_computed for s in seqs], [s.block_table for s in seqs])
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(kv, kv_ref, rtol=1e-5, atol=1e-5)
     assert out.argmax(-1).tolist() == ref.argmax(-1).tolist()
@@ -93,12 +96,12 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path):
     for i, n_ctx in enumerate((40, 3, 150, 17, 64, 90, 8, 33)):
         prompt, table = step_inputs(n_ctx, 16 * i)
         runner.forward([SeqInput(prompt, 0, table)])
-        seqs.append((prompt[-1], n_ctx, table))
+        seqs.append(([prompt[-1]], n_ctx, table))
     before = kv.clone()
 
     def decode(batch):
         kv[:] = before
-        return kernel.decode(*map(list, zip(*batch, strict=True)))
+        return kernel.forward(*map(list, zip(*batch, strict=True)))
 
     alone = decode(seqs[:1])[0]
     for batch in (seqs[:3], seqs[:4], seqs[:5], seqs):

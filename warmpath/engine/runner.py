@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from warmpath.engine.attention import AttentionMetadata, PrefillSpan
-from warmpath.kernels.native import NativeDecoder
+from warmpath.kernels.native import MAX_CHUNK, NativeDecoder
 from warmpath.models.llama import LlamaForCausalLM
 
 
@@ -41,6 +41,13 @@ class ModelRunner:
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
 
+    def _check(self, s: SeqInput) -> None:
+        if not s.token_ids:
+            raise ValueError("a scheduled sequence has no new tokens")
+        ctx = s.num_computed + len(s.token_ids)
+        if len(s.block_table) * self.block_size < ctx:
+            raise ValueError(f"block table of {len(s.block_table)} blocks cannot hold {ctx} tokens")
+
     def prepare(self, seqs: list[SeqInput]) -> StepInputs:
         ids: list[int] = []
         positions: list[torch.Tensor] = []
@@ -52,12 +59,9 @@ class ModelRunner:
         dec_lens: list[int] = []
         row = 0
         for s in seqs:
+            self._check(s)
             n = len(s.token_ids)
-            if n == 0:
-                raise ValueError("a scheduled sequence has no new tokens")
             ctx = s.num_computed + n
-            if len(s.block_table) * self.block_size < ctx:
-                raise ValueError(f"block table of {len(s.block_table)} blocks cannot hold {ctx} tokens")
             table = torch.tensor(s.block_table, dtype=torch.long)
             pos = torch.arange(s.num_computed, ctx)
             ids.extend(s.token_ids)
@@ -99,19 +103,22 @@ class ModelRunner:
 
     def forward(self, seqs: list[SeqInput]) -> torch.Tensor:
         """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs."""
-        single = [s for s in seqs if len(s.token_ids) == 1] if self.native is not None else []
-        if not single:
+        short = [s for s in seqs if len(s.token_ids) <= MAX_CHUNK] if self.native is not None else []
+        if not short:
             return self._torch_forward(seqs)
-        # Sequences are independent (each attends only to its own blocks): the single-token ones go through the
-        # native kernel, the prefill chunks through torch, and the logits are put back in order.
-        native = self.native.decode([s.token_ids[0] for s in single], [s.num_computed for s in single],
-                                    [s.block_table for s in single])
-        multi = [s for s in seqs if len(s.token_ids) > 1]
+        # Sequences are independent (each attends only to its own blocks): the short ones (decodes, a few new
+        # tokens over a warm prefix) go through the native kernel, long prefill chunks through torch, and the
+        # logits are put back in order.
+        for s in short:
+            self._check(s)
+        native = self.native.forward([s.token_ids for s in short], [s.num_computed for s in short],
+                                     [s.block_table for s in short])
+        long = [s for s in seqs if len(s.token_ids) > MAX_CHUNK]
         from_native = iter(native)
-        from_torch = iter(self._torch_forward(multi) if multi else ())
+        from_torch = iter(self._torch_forward(long) if long else ())
         rows = []
         for s in seqs:
-            row = next(from_native) if len(s.token_ids) == 1 else next(from_torch) if s.sample else None
+            row = next(from_native) if len(s.token_ids) <= MAX_CHUNK else next(from_torch) if s.sample else None
             if s.sample:
                 rows.append(row)
         return torch.stack(rows) if rows else native[:0]

@@ -1,4 +1,5 @@
-/* One decode step of a Llama-family model on the CPU, over quantized weights and warmpath's paged KV cache.
+/* Decode steps (and short chunks over a cached context) of a Llama-family model on the CPU, over quantized
+   weights and warmpath's paged KV cache.
 
    Why native: a decode step of a small model is bound by reading weights and by per-op overhead. In torch a
    step is ~1,200 small ops (~20 ms of dispatch for SmolLM2) and fp32 weights (530 MB/token); here it is one
@@ -123,10 +124,10 @@ static inline __attribute__((always_inline)) void tile_rows_t(const wp_matrix *W
            per step the loop is too slow for the hardware prefetcher alone to keep enough lines in flight. */
         if (n + PREFETCH_ROWS + 4 <= n1) {
             const char *p = (const char *)W->qs + (n + PREFETCH_ROWS) * row_bytes;
-            for (int64_t o = 0; o < 4 * row_bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+            for (int64_t o = 0; o < 4 * row_bytes; o += 64) __builtin_prefetch(p + o);
             if (TYPE != WP_F32) {
                 const char *pd = (const char *)(W->d + (n + PREFETCH_ROWS) * (W->cols / 32));
-                for (int64_t o = 0; o < 4 * (W->cols / 32) * 4; o += 64) _mm_prefetch(pd + o, _MM_HINT_T0);
+                for (int64_t o = 0; o < 4 * (W->cols / 32) * 4; o += 64) __builtin_prefetch(pd + o);
             }
         }
         switch (nr) {
@@ -274,161 +275,351 @@ static void rope(float *v, const float *cos, const float *sin, int hd) {
     }
 }
 
-static inline float dot(const float *a, const float *b, int n) {
+#define SPLIT 64 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
+
 #ifdef __AVX2__
-    if (n % 8 == 0) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-        return hsum(acc);
-    }
+/* exp(x) for 8 floats: Cephes' polynomial (about 1 ulp over the range softmax and SiLU use). */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
 #endif
+
+/* v[i] = exp(v[i] - mx) for i < n; returns their sum. */
+static float exp_shifted(float *v, int n, float mx) {
+    int i = 0;
+    float sum = 0.f;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(v + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum(acc);
+#endif
+    for (; i < n; i++) sum += (v[i] = expf(v[i] - mx));
+    return sum;
+}
+
+#define KV_PREFETCH 6 /* tokens ahead */
+
+static inline float dot(const float *a, const float *b, int n) {
+    int i = 0;
     float s = 0.f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-#define SPLIT 128 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
-#define MAX_GROUP 16
-
-/* Attention of one query-head group (the G heads sharing KV head g) of sequence r over context tokens
-   t0..t1: reads each K/V row once for the G heads. Writes per head: [max score, sum of exp, unnormalized
-   output (hd values)] into part (G * (hd + 2) floats). */
-static void attend_split(const float *q, const float *kc, const float *vc, const int32_t *table, int bs,
-                         int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part) {
-    const int64_t n = t1 - t0;
-    for (int64_t t = t0; t < t1; t++) {
-        const float *k = kc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
-        for (int j = 0; j < G; j++) s[j * SPLIT + (t - t0)] = dot(q + j * hd, k, hd) * scale;
+/* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache:
+   each K/V row once for the G heads. s holds G x SPLIT scores. Same output as attend_span. */
+static void attend_one_row(const float *q, const float *kc, const float *vc, const int32_t *table, int bs,
+                           int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part) {
+    const int n = (int)(t1 - t0);
+    for (int t = 0; t < n; t++) {
+        const float *k = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
+        if (t + KV_PREFETCH < n) { /* K/V rows are scattered over blocks: fetch ahead of use */
+            const int64_t ahead = (int64_t)table[(t0 + t + KV_PREFETCH) / bs] * bs + (t0 + t + KV_PREFETCH) % bs;
+            for (int o = 0; o < hd; o += 16) {
+                __builtin_prefetch(kc + ahead * tok + o);
+                __builtin_prefetch(vc + ahead * tok + o);
+            }
+        }
+        for (int j = 0; j < G; j++) s[j * SPLIT + t] = dot(q + j * hd, k, hd) * scale;
     }
     for (int j = 0; j < G; j++) {
-        float *sj = s + j * SPLIT, mx = -INFINITY, sum = 0.f;
-        for (int64_t i = 0; i < n; i++) mx = sj[i] > mx ? sj[i] : mx;
-        for (int64_t i = 0; i < n; i++) sum += (sj[i] = expf(sj[i] - mx));
-        float *pj = part + j * (hd + 2);
+        float *sj = s + j * SPLIT, *pj = part + j * (hd + 2), *o = pj + 2, mx = -INFINITY;
+        for (int t = 0; t < n; t++) mx = sj[t] > mx ? sj[t] : mx;
         pj[0] = mx;
-        pj[1] = sum;
-        float *o = pj + 2;
-        int i0 = 0;
+        pj[1] = exp_shifted(sj, n, mx);
+        int d0 = 0;
 #ifdef __AVX2__
-        for (; i0 + 32 <= hd; i0 += 32) { /* 32 output values in 4 registers across the whole span */
+        for (; d0 + 32 <= hd; d0 += 32) { /* 32 output values in 4 registers over the span */
             __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int64_t t = t0; t < t1; t++) {
-                const float *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok + i0;
-                const __m256 p = _mm256_set1_ps(sj[t - t0]);
+            for (int t = 0; t < n; t++) {
+                const float *v = vc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok + d0;
+                const __m256 p = _mm256_set1_ps(sj[t]);
                 for (int c = 0; c < 4; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
             }
-            for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + i0 + 8 * c, acc[c]);
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
         }
 #endif
-        for (int i = i0; i < hd; i++) o[i] = 0.f;
-        for (int64_t t = t0; t < t1 && i0 < hd; t++) {
-            const float *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
-            for (int i = i0; i < hd; i++) o[i] += sj[t - t0] * v[i];
+        for (int d = d0; d < hd; d++) o[d] = 0.f;
+        for (int t = 0; t < n && d0 < hd; t++) {
+            const float *v = vc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
+            for (int d = d0; d < hd; d++) o[d] += sj[t] * v[d];
         }
     }
 }
 
-/* Writes the step's new K/V into their slots, then attends every query head over its sequence's context.
-   Tasks are (sequence, KV head, span of SPLIT tokens); spans are merged with the usual max/sum rescaling. */
-static int attention(const wp_model *M, int layer, int D, const int64_t *pos, const int32_t *tables, int width,
-                     const float *qkv, float *kv, float *out, int nthreads) {
+/* NQ (1 or 2) query heads, q[a * hd..], over nv keys of a span staged in Kt [hd][SPLIT] and Vs [SPLIT][hd]:
+   scores, softmax pieces and the unnormalized output into part[a * (hd + 2)..]. s holds NQ x SPLIT floats. */
+static inline __attribute__((always_inline)) void span_queries(const float *q, int hd, const float *Kt,
+                                                               const float *Vs, int nv, float scale, float *s,
+                                                               float *part, const int NQ) {
+#ifdef __AVX2__
+    for (int t = 0; t < nv; t += 32) { /* 32 keys x NQ queries in registers; Kt is zero-padded to SPLIT */
+        __m256 acc[2][4];
+        for (int a = 0; a < NQ; a++)
+            for (int k = 0; k < 4; k++) acc[a][k] = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d++) {
+            __m256 b[2];
+            for (int a = 0; a < NQ; a++) b[a] = _mm256_set1_ps(q[a * hd + d]);
+            const float *row = Kt + d * SPLIT + t;
+            for (int k = 0; k < 4; k++) {
+                const __m256 kv = _mm256_loadu_ps(row + 8 * k);
+                for (int a = 0; a < NQ; a++) acc[a][k] = _mm256_fmadd_ps(b[a], kv, acc[a][k]);
+            }
+        }
+        for (int a = 0; a < NQ; a++)
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_ps(s + a * SPLIT + t + 8 * k, _mm256_mul_ps(acc[a][k], _mm256_set1_ps(scale)));
+    }
+#else
+    for (int a = 0; a < NQ; a++)
+        for (int t = 0; t < nv; t++) {
+            float v = 0.f;
+            for (int d = 0; d < hd; d++) v += q[a * hd + d] * Kt[d * SPLIT + t];
+            s[a * SPLIT + t] = v * scale;
+        }
+#endif
+    for (int a = 0; a < NQ; a++) {
+        float *sa = s + a * SPLIT, mx = -INFINITY;
+        for (int t = 0; t < nv; t++) mx = sa[t] > mx ? sa[t] : mx;
+        part[a * (hd + 2)] = mx;
+        part[a * (hd + 2) + 1] = exp_shifted(sa, nv, mx);
+    }
+    int d0 = 0;
+#ifdef __AVX2__
+    for (; d0 + 32 <= hd; d0 += 32) { /* 32 output values x NQ queries in registers over the span */
+        __m256 acc[2][4];
+        for (int a = 0; a < NQ; a++)
+            for (int k = 0; k < 4; k++) acc[a][k] = _mm256_setzero_ps();
+        for (int t = 0; t < nv; t++) {
+            __m256 p[2];
+            for (int a = 0; a < NQ; a++) p[a] = _mm256_set1_ps(s[a * SPLIT + t]);
+            const float *v = Vs + t * hd + d0;
+            for (int k = 0; k < 4; k++) {
+                const __m256 vv = _mm256_loadu_ps(v + 8 * k);
+                for (int a = 0; a < NQ; a++) acc[a][k] = _mm256_fmadd_ps(p[a], vv, acc[a][k]);
+            }
+        }
+        for (int a = 0; a < NQ; a++)
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(part + a * (hd + 2) + 2 + d0 + 8 * k, acc[a][k]);
+    }
+#endif
+    for (int a = 0; a < NQ; a++) {
+        float *o = part + a * (hd + 2) + 2;
+        for (int d = d0; d < hd; d++) o[d] = 0.f;
+        for (int t = 0; t < nv && d0 < hd; t++)
+            for (int d = d0; d < hd; d++) o[d] += s[a * SPLIT + t] * Vs[t * hd + d];
+    }
+}
+
+/* One task: the queries of one sequence's new rows (nrows x G heads of KV head g) over context tokens
+   t0..t1. K is transposed into Kt [hd][SPLIT] and V copied into Vs [SPLIT][hd] once, then every query
+   reuses them from L1/L2. Row i (position p0 + i) sees tokens t <= p0 + i. Writes per query: [max score, sum
+   of exp, unnormalized output (hd values)]. */
+static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, const float *kc, const float *vc,
+                        const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0,
+                        int64_t t1, float *Kt, float *Vs, float *s, float *part) {
+    const int n = (int)(t1 - t0);
+    if (nrows == 1) { /* decode: too few queries to pay for the transpose; read K/V rows in place */
+        attend_one_row(qkv, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part);
+        return;
+    }
+    for (int t = 0; t < n; t++) {
+        const int64_t slot = (int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs;
+        const float *k = kc + slot * tok, *v = vc + slot * tok;
+        if (t + KV_PREFETCH < n) {
+            const int64_t ahead = (int64_t)table[(t0 + t + KV_PREFETCH) / bs] * bs + (t0 + t + KV_PREFETCH) % bs;
+            for (int o = 0; o < hd; o += 16) {
+                __builtin_prefetch(kc + ahead * tok + o);
+                __builtin_prefetch(vc + ahead * tok + o);
+            }
+        }
+        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = k[d];
+        memcpy(Vs + t * hd, v, hd * sizeof(float));
+    }
+    for (int d = 0; d < hd; d++)
+        for (int t = n; t < SPLIT; t++) Kt[d * SPLIT + t] = 0.f;
+    for (int i = 0; i < nrows; i++) {
+        const int nv = (int)((p0 + i + 1 < t1 ? p0 + i + 1 : t1) - t0); /* causal: keys this row may see */
+        for (int j = 0; j < G; j += 2) { /* two heads of the row at a time: each K/V load feeds two FMAs */
+            const int nq = G - j >= 2 ? 2 : 1;
+            const float *q = qkv + (int64_t)i * qkv_w + j * hd;
+            float *pj = part + ((int64_t)i * G + j) * (hd + 2);
+            if (nv <= 0) {
+                for (int a = 0; a < nq; a++) {
+                    float *pa = pj + a * (hd + 2);
+                    pa[0] = -INFINITY, pa[1] = 0.f;
+                    for (int d = 0; d < hd; d++) pa[2 + d] = 0.f;
+                }
+                continue;
+            }
+            if (nq == 2)
+                span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 2);
+            else
+                span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 1);
+        }
+    }
+}
+
+/* Writes the new rows' K/V into their slots, then attends every query head of every row over its
+   sequence's context. Tasks are (sequence, KV head, span of SPLIT tokens); spans are merged with the usual
+   max/sum rescaling. Rows of sequence s are seq_rows[s]..seq_rows[s+1], at positions start[s]... */
+static int attention(const wp_model *M, int layer, int S, const int32_t *seq_rows, const int64_t *start,
+                     const int32_t *tables, int width, const float *qkv, float *kv, float *out, int nthreads) {
     const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size;
     const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd;
     const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok;
     float *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
-    int *first = (int *)malloc((size_t)(D + 1) * sizeof(int)); /* first task of each sequence */
-    if (!first) return -1;
-    first[0] = 0;
-    for (int r = 0; r < D; r++) {
-        const int64_t p = pos[r], slot = (int64_t)tables[(int64_t)r * width + p / bs] * bs + p % bs;
-        memcpy(kc + slot * tok, qkv + (int64_t)r * qkv_w + H * hd, tok * sizeof(float));
-        memcpy(vc + slot * tok, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
-        first[r + 1] = first[r] + KVH * (int)((p + SPLIT) / SPLIT);
+    int *first = (int *)malloc((size_t)(S + 1) * sizeof(int)); /* first task of each sequence */
+    int64_t *poff = (int64_t *)malloc((size_t)(S + 1) * sizeof(int64_t)); /* where its partial results go */
+    if (!first || !poff) {
+        free(first), free(poff);
+        return -1;
     }
-    const int tasks = first[D];
-    float *parts = (float *)malloc((size_t)tasks * G * (hd + 2) * sizeof(float));
-    float *scores = (float *)malloc((size_t)nthreads * G * SPLIT * sizeof(float));
-    if (!parts || !scores) {
-        free(first), free(parts), free(scores);
+    first[0] = 0, poff[0] = 0;
+    for (int sq = 0; sq < S; sq++) {
+        const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+        for (int i = 0; i < nrows; i++) {
+            const int64_t p = start[sq] + i, r = seq_rows[sq] + i;
+            const int64_t slot = (int64_t)tables[(int64_t)sq * width + p / bs] * bs + p % bs;
+            memcpy(kc + slot * tok, qkv + r * qkv_w + H * hd, tok * sizeof(float));
+            memcpy(vc + slot * tok, qkv + r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
+        }
+        const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
+        first[sq + 1] = first[sq] + KVH * nspan;
+        poff[sq + 1] = poff[sq] + (int64_t)KVH * nspan * nrows * G * (hd + 2);
+    }
+    const int tasks = first[S];
+    const int64_t scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > 2 ? G : 2) * SPLIT;
+    float *parts = (float *)malloc((size_t)poff[S] * sizeof(float));
+    float *work = (float *)malloc((size_t)nthreads * scratch * sizeof(float));
+    if (!parts || !work) {
+        free(first), free(poff), free(parts), free(work);
         return -1;
     }
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int task = 0; task < tasks; task++) {
-        int r = 0;
-        while (first[r + 1] <= task) r++;
-        const int nspan = (first[r + 1] - first[r]) / KVH, g = (task - first[r]) / nspan, c = (task - first[r]) % nspan;
-        const int64_t t0 = (int64_t)c * SPLIT, t1 = t0 + SPLIT < pos[r] + 1 ? t0 + SPLIT : pos[r] + 1;
+        int sq = 0;
+        while (first[sq + 1] <= task) sq++;
+        const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+        const int nspan = (first[sq + 1] - first[sq]) / KVH, g = (task - first[sq]) / nspan;
+        const int c = (task - first[sq]) % nspan;
+        const int64_t ctx = start[sq] + nrows, t0 = (int64_t)c * SPLIT, t1 = t0 + SPLIT < ctx ? t0 + SPLIT : ctx;
         int thread = 0;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
 #endif
-        attend_split(qkv + (int64_t)r * qkv_w + g * G * hd, kc + g * hd, vc + g * hd, tables + (int64_t)r * width, bs,
-                     tok, G, hd, M->scale, t0, t1, scores + (int64_t)thread * G * SPLIT, parts + (int64_t)task * G * (hd + 2));
+        float *w = work + (int64_t)thread * scratch;
+        attend_span(qkv + (int64_t)seq_rows[sq] * qkv_w + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd,
+                    tables + (int64_t)sq * width, bs, tok, G, hd, M->scale, t0, t1, w, w + (int64_t)hd * SPLIT,
+                    w + 2 * (int64_t)hd * SPLIT,
+                    parts + poff[sq] + (int64_t)(task - first[sq]) * nrows * G * (hd + 2));
     }
-    for (int r = 0; r < D; r++) {
-        const int nspan = (first[r + 1] - first[r]) / KVH;
-        for (int h = 0; h < H; h++) {
-            const int g = h / G, j = h % G;
-            const float *p0 = parts + ((int64_t)first[r] + g * nspan) * G * (hd + 2) + j * (hd + 2);
-            const int64_t stride = (int64_t)G * (hd + 2);
-            float mx = -INFINITY, sum = 0.f;
-            for (int c = 0; c < nspan; c++) mx = p0[c * stride] > mx ? p0[c * stride] : mx;
-            float *o = out + (int64_t)r * H * hd + h * hd;
-            for (int i = 0; i < hd; i++) o[i] = 0.f;
-            for (int c = 0; c < nspan; c++) {
-                const float *pc = p0 + c * stride, w = expf(pc[0] - mx);
-                sum += w * pc[1];
-                for (int i = 0; i < hd; i++) o[i] += w * pc[2 + i];
+    for (int sq = 0; sq < S; sq++) {
+        const int nrows = seq_rows[sq + 1] - seq_rows[sq], nspan = (first[sq + 1] - first[sq]) / KVH;
+        for (int i = 0; i < nrows; i++)
+            for (int h = 0; h < H; h++) {
+                const int g = h / G, j = h % G;
+                const int64_t stride = (int64_t)nrows * G * (hd + 2); /* from one span's task to the next */
+                const float *p0 = parts + poff[sq] + (int64_t)g * nspan * stride + ((int64_t)i * G + j) * (hd + 2);
+                float mx = -INFINITY, sum = 0.f;
+                for (int c = 0; c < nspan; c++) mx = p0[c * stride] > mx ? p0[c * stride] : mx;
+                float *o = out + ((int64_t)seq_rows[sq] + i) * H * hd + h * hd;
+                for (int d = 0; d < hd; d++) o[d] = 0.f;
+                for (int c = 0; c < nspan; c++) {
+                    const float *pc = p0 + c * stride;
+                    if (pc[1] == 0.f) continue; /* a span wholly after this row's position */
+                    const float w = expf(pc[0] - mx);
+                    sum += w * pc[1];
+                    for (int d = 0; d < hd; d++) o[d] += w * pc[2 + d];
+                }
+                const float inv = 1.0f / sum;
+                for (int d = 0; d < hd; d++) o[d] *= inv;
             }
-            const float inv = 1.0f / sum;
-            for (int i = 0; i < hd; i++) o[i] *= inv;
-        }
     }
-    free(first), free(parts), free(scores);
+    free(first), free(poff), free(parts), free(work);
     return 0;
 }
 
-/* One decode step for D sequences: token ids, positions (= tokens already cached), block tables [D][width].
-   Writes each layer's new K/V into kv and fp32 logits [D][vocab]. Returns 0, or -1 when out of memory. */
-int wp_decode_step(const wp_model *M, int D, const int64_t *tokens, const int64_t *pos, const int32_t *tables,
-                   int width, float *kv, float *logits, int nthreads) {
+static void silu_mul(const float *gu, int R, int I, float *act) {
+    for (int r = 0; r < R; r++) {
+        const float *g = gu + (int64_t)r * 2 * I, *u = g + I;
+        float *a = act + (int64_t)r * I;
+        int i = 0;
+#ifdef __AVX2__
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* A forward pass over S sequences' new tokens, all rows at once: sequence s has tokens
+   tokens[seq_rows[s]..seq_rows[s+1]) at positions start[s]..., and block table tables[s] (width entries).
+   Each layer's K/V for the new tokens is written into kv. logits [S][vocab] are for each sequence's last
+   new token. For decode (one token each) and short chunks over a cached context (a warm prefix + the few new
+   tokens of an edit); long prefills are the torch path's. Returns 0, -1 out of memory, -2 bad shape. */
+int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *tokens, const int64_t *start,
+               const int32_t *tables, int width, float *kv, float *logits, int nthreads) {
     const int Hd = M->hidden, I = M->intermediate, hd = M->head_dim, H = M->num_heads, KVH = M->num_kv_heads;
-    const int qkv_w = (H + 2 * KVH) * hd;
-    if (H / KVH > MAX_GROUP) return -2;
-    const int64_t need = (int64_t)D * (2 * Hd + qkv_w + H * hd + 2 * I + I);
+    const int qkv_w = (H + 2 * KVH) * hd, R = seq_rows[S];
+    if (H % KVH || hd % 2) return -2;
+    const int64_t need = (int64_t)R * (2 * Hd + qkv_w + H * hd + 2 * I + I) + (int64_t)S * Hd;
     float *buf = (float *)malloc(need * sizeof(float));
     if (!buf) return -1;
-    float *x = buf, *h = x + (int64_t)D * Hd, *qkv = h + (int64_t)D * Hd, *att = qkv + (int64_t)D * qkv_w;
-    float *gu = att + (int64_t)D * H * hd, *act = gu + (int64_t)D * 2 * I;
+    float *x = buf, *h = x + (int64_t)R * Hd, *qkv = h + (int64_t)R * Hd, *att = qkv + (int64_t)R * qkv_w;
+    float *gu = att + (int64_t)R * H * hd, *act = gu + (int64_t)R * 2 * I, *last = act + (int64_t)R * I;
 
-    for (int r = 0; r < D; r++) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
+    for (int r = 0; r < R; r++) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
     const float *cos_t = M->rope, *sin_t = M->rope + (int64_t)M->max_positions * hd;
     for (int l = 0; l < M->num_layers; l++) {
         const wp_layer *L = &M->layers[l];
-        rms_norm(x, L->input_norm, M->eps, D, Hd, h);
-        matmul(&L->qkv, h, D, qkv, nthreads);
-        for (int r = 0; r < D; r++) {
-            const float *c = cos_t + pos[r] * hd, *s = sin_t + pos[r] * hd;
-            for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, c, s, hd);
-        }
-        if (attention(M, l, D, pos, tables, width, qkv, kv, att, nthreads)) {
+        rms_norm(x, L->input_norm, M->eps, R, Hd, h);
+        matmul(&L->qkv, h, R, qkv, nthreads);
+        for (int sq = 0; sq < S; sq++)
+            for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
+                const int64_t p = start[sq] + (r - seq_rows[sq]);
+                for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
+            }
+        if (attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads)) {
             free(buf);
             return -1;
         }
-        matmul(&L->o, att, D, h, nthreads);
-        for (int64_t i = 0; i < (int64_t)D * Hd; i++) x[i] += h[i];
-        rms_norm(x, L->post_attention_norm, M->eps, D, Hd, h);
-        matmul(&L->gate_up, h, D, gu, nthreads);
-        for (int r = 0; r < D; r++)
-            for (int i = 0; i < I; i++) {
-                const float g = gu[(int64_t)r * 2 * I + i], u = gu[(int64_t)r * 2 * I + I + i];
-                act[(int64_t)r * I + i] = g / (1.0f + expf(-g)) * u;
-            }
-        matmul(&L->down, act, D, h, nthreads);
-        for (int64_t i = 0; i < (int64_t)D * Hd; i++) x[i] += h[i];
+        matmul(&L->o, att, R, h, nthreads);
+        for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
+        rms_norm(x, L->post_attention_norm, M->eps, R, Hd, h);
+        matmul(&L->gate_up, h, R, gu, nthreads);
+        silu_mul(gu, R, I, act);
+        matmul(&L->down, act, R, h, nthreads);
+        for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
     }
-    rms_norm(x, M->norm, M->eps, D, Hd, h);
-    matmul(&M->head, h, D, logits, nthreads);
+    for (int sq = 0; sq < S; sq++) memcpy(last + (int64_t)sq * Hd, x + (int64_t)(seq_rows[sq + 1] - 1) * Hd, Hd * sizeof(float));
+    rms_norm(last, M->norm, M->eps, S, Hd, h);
+    matmul(&M->head, h, S, logits, nthreads);
     free(buf);
     return 0;
 }

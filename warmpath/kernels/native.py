@@ -1,15 +1,16 @@
 """The native CPU decode step (cpu_decode.c): built with the system C compiler on first use, called via ctypes.
 
 NativeDecoder holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
-fp32 for anything else) and computes a whole decode step for
-any number of single-token sequences in one call, over the same paged KV cache the torch model uses: prefill
-stays in torch (large matmuls), decode comes here (weight reads and per-op overhead).
+fp32 for anything else) and computes a step's short sequences (decodes, and chunks of a few tokens over a
+cached context) in one call, over the same paged KV cache the torch model uses: long prefills stay in torch
+(large matmuls), the few-row work comes here (weight reads and per-op overhead).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
+# Chunks of at most this many new tokens run here; longer ones in torch, whose large fp32 GEMMs win there.
+MAX_CHUNK = 32
 
 
 class NativeKernelError(RuntimeError):
@@ -87,9 +90,10 @@ def load_library() -> ctypes.CDLL:
                 os.unlink(tmp)
         log.info("built the native decode kernel: %s", out)
     lib = ctypes.CDLL(str(out))
-    lib.wp_decode_step.restype = ctypes.c_int
-    lib.wp_decode_step.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.wp_forward.restype = ctypes.c_int
+    lib.wp_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_int]
     lib.wp_matmul.restype = None
     lib.wp_matmul.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     return lib
@@ -162,19 +166,22 @@ class NativeDecoder:
         self.weight_kinds = sorted({q.kind for q in mats})  # e.g. ["f32", "q4_1", "q8_0"]
         self.vocab = cfg.vocab_size
 
-    def decode(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
-        """One step: sequence i has its last token token_ids[i] at positions[i] (= tokens already cached) and
-        block_tables[i] covering positions[i] + 1 tokens. Returns fp32 logits [len(token_ids), vocab]."""
+    def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
+        """Sequence i computes its new tokens token_ids[i] at positions starts[i], starts[i] + 1, ... (starts[i]
+        = tokens already cached) over block_tables[i]. Returns fp32 logits [len(token_ids), vocab], each
+        sequence's last new token's."""
         n = len(token_ids)
         width = max(len(t) for t in block_tables)
         tables = torch.zeros(n, width, dtype=torch.int32)
         for i, t in enumerate(block_tables):
             tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        tokens = torch.tensor(token_ids, dtype=torch.int64)
-        pos = torch.tensor(positions, dtype=torch.int64)
+        rows = torch.tensor([0, *itertools.accumulate(len(t) for t in token_ids)], dtype=torch.int32)
+        tokens = torch.tensor([t for ids in token_ids for t in ids], dtype=torch.int64)
+        start = torch.tensor(starts, dtype=torch.int64)
         logits = torch.empty(n, self.vocab)
-        rc = self.lib.wp_decode_step(ctypes.byref(self.model), n, tokens.data_ptr(), pos.data_ptr(), tables.data_ptr(),
-                                     width, self.kv_cache.data_ptr(), logits.data_ptr(), torch.get_num_threads())
+        rc = self.lib.wp_forward(ctypes.byref(self.model), n, rows.data_ptr(), tokens.data_ptr(), start.data_ptr(),
+                                 tables.data_ptr(), width, self.kv_cache.data_ptr(), logits.data_ptr(),
+                                 torch.get_num_threads())
         if rc != 0:
-            raise MemoryError("the native decode step could not allocate its work buffers")
+            raise MemoryError("the native forward pass could not allocate its work buffers")
         return logits
