@@ -131,7 +131,7 @@ static inline __attribute__((always_inline)) void tile_rows_t(const wp_matrix *W
             }
         }
         switch (nr) {
-            case 1: tile(W, TYPE, x, n, 4, 1, y, ldy); break;
+            case 1: tile(W, TYPE, x, n, 2, 1, y, ldy); tile(W, TYPE, x, n + 2, 2, 1, y, ldy); break;
             case 2: tile(W, TYPE, x, n, 4, 2, y, ldy); break;
             case 3: tile(W, TYPE, x, n, 2, 3, y, ldy); tile(W, TYPE, x, n + 2, 2, 3, y, ldy); break;
             default: tile(W, TYPE, x, n, 2, 4, y, ldy); tile(W, TYPE, x, n + 2, 2, 4, y, ldy); break;
