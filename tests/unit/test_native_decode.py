@@ -30,9 +30,28 @@ def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> QuantizedMa
     return from_gguf_blocks(blocks.reshape(-1), kind, rows, cols)
 
 
+@pytest.fixture(scope="module")
+def portable_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("portable-kernel")  # built once for the module
+
+
+@pytest.fixture(params=["native", "portable"])
+def kernel_build(request, portable_home, monkeypatch):
+    """The kernel as built for this CPU, and its plain-C fallback (-march=x86-64: no AVX2), which CPUs without
+    AVX2 (and other architectures) get."""
+    if request.param == "portable":
+        if native.platform.machine() != "x86_64":
+            pytest.skip("the portable variant is forced with an x86-64 flag")
+        monkeypatch.setattr(native, "CFLAGS", [f if f != "-march=native" else "-march=x86-64" for f in native.CFLAGS])
+        monkeypatch.setenv("WARMPATH_HOME", str(portable_home))
+    native.load_library.cache_clear()
+    yield request.param
+    native.load_library.cache_clear()
+
+
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "f32"])
 @pytest.mark.parametrize("rows_of_x", [1, 3, 4, 5, 16])
-def test_matrix_product_equals_the_dequantized_weights_product(fmt, rows_of_x):
+def test_matrix_product_equals_the_dequantized_weights_product(fmt, rows_of_x, kernel_build):
     torch.manual_seed(0)
     w = torch.randn(100, 96)  # 100 rows: not a multiple of the 4-row tiles
     q = QuantizedMatrix("f32", 100, 96, w) if fmt == "f32" else random_blocks(fmt, 100, 96)
@@ -57,7 +76,7 @@ def step_inputs(n_ctx: int, first_block: int) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("model_dir", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_a_step_equals_the_torch_models(model_dir, request):
+def test_a_step_equals_the_torch_models(model_dir, request, kernel_build):
     """fp32 weights in the kernel: the same logits as the torch model (to summation order) and the same K/V
     written into the cache, for sequences of different lengths in one step (Qwen2: with q/k/v biases)."""
     llm = LLM(str(request.getfixturevalue(model_dir)), dtype="float32", decode_kernel="torch", num_kv_blocks=64)

@@ -7,13 +7,14 @@
    for all the step's sequences.
 
    Numerics: weights are dequantized exactly as the loader does (d * q + m in fp32, no fused multiply-add),
-   so the only difference from the fp32 torch path is the order of summation.
+   so the only difference from the fp32 torch path is the order of summation. One stream of bytes per
+   weight row, as the file has it (the loader only un-permutes Q/K rows).
 
    Layouts (all row-major, C-contiguous, built by warmpath/kernels/native.py):
-     WP_F32:  qs = float[rows][cols]
-     WP_Q4_1: qs = uint8[rows][cols/2] (per 32-block: byte j = value j in the low nibble, value j+16 in the
-              high nibble, as in GGUF), d = m = float[rows][cols/32]; w = d * q + m
-     WP_Q8_0: qs = int8[rows][cols], d = float[rows][cols/32]; w = d * q
+     WP_F32:  data = float[rows][cols]
+     WP_Q4_1: data = GGUF's own blocks, rows of cols/32 blocks of 20 bytes: fp16 d, fp16 m, 16 bytes of
+              nibbles (byte j = value j in the low nibble, value j+16 in the high one); w = d * q + m
+     WP_Q8_0: data = GGUF's own blocks, 34 bytes: fp16 d, 32 int8 q; w = d * q
      KV cache: float[num_layers][2][num_blocks][block_size][num_kv_heads][head_dim]
      rope:     float[2][max_positions][head_dim] (cos, sin), rotate-half layout */
 
@@ -21,7 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define WP_SIMD 1
 #include <immintrin.h>
 #endif
 #ifdef _OPENMP
@@ -32,11 +34,49 @@ enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };
 
 typedef struct {
     int32_t type, rows, cols, _pad;
-    const void *qs;
-    const float *d;
-    const float *m;
+    const uint8_t *data;
     const float *bias; /* [rows] or NULL */
 } wp_matrix;
+
+static inline int64_t row_bytes(const wp_matrix *W) {
+    return W->type == WP_Q4_1 ? W->cols / 32 * 20 : W->type == WP_Q8_0 ? W->cols / 32 * 34 : (int64_t)W->cols * 4;
+}
+
+/* IEEE half -> float, for the portable path (the SIMD path uses F16C). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            uint32_t m = man;
+            do {
+                e++;
+                m <<= 1;
+            } while (!(m & 1024));
+            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (m & 1023) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | man << 13;
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float load_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef WP_SIMD
+    return _cvtsh_ss(h);
+#else
+    return half_to_float(h);
+#endif
+}
 
 typedef struct {
     const float *input_norm, *post_attention_norm;
@@ -55,35 +95,52 @@ typedef struct {
 } wp_model;
 
 
-#ifdef __AVX2__
+#ifdef WP_SIMD
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+#endif
 
-/* Values 8c..8c+7 of block b of weight row `row`, times the block's scale d (the m of Q4_1 is added apart). */
+#define KV_PREFETCH 6 /* tokens ahead */
+
+static inline float dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.f;
+#ifdef WP_SIMD
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#ifdef WP_SIMD
+
+/* Values 8c..8c+7 of block b of weight row `row`, dequantized: d * q + m (Q4_1), d * q (Q8_0). */
 static inline __attribute__((always_inline)) __m256 load_chunk(const wp_matrix *W, const int TYPE, int64_t row,
                                                               int64_t b, int c) {
-    const int64_t nb = W->cols / 32;
     if (TYPE == WP_Q4_1) {
-        const uint8_t *p = (const uint8_t *)W->qs + row * (W->cols / 2) + b * 16 + 8 * (c & 1);
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        const uint8_t *blk = W->data + row * (W->cols / 32 * 20) + b * 20;
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 4 + 8 * (c & 1))));
         q = c < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
-        return _mm256_mul_ps(_mm256_set1_ps(W->d[row * nb + b]), _mm256_cvtepi32_ps(q));
+        const __m256 dq = _mm256_mul_ps(_mm256_set1_ps(load_half(blk)), _mm256_cvtepi32_ps(q));
+        return _mm256_add_ps(dq, _mm256_set1_ps(load_half(blk + 2)));
     }
     if (TYPE == WP_Q8_0) {
-        const int8_t *p = (const int8_t *)W->qs + row * W->cols + b * 32 + 8 * c;
-        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-        return _mm256_mul_ps(_mm256_set1_ps(W->d[row * nb + b]), _mm256_cvtepi32_ps(q));
+        const uint8_t *blk = W->data + row * (W->cols / 32 * 34) + b * 34;
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c)));
+        return _mm256_mul_ps(_mm256_set1_ps(load_half(blk)), _mm256_cvtepi32_ps(q));
     }
-    return _mm256_loadu_ps((const float *)W->qs + row * W->cols + b * 32 + 8 * c);
+    return _mm256_loadu_ps((const float *)W->data + row * W->cols + b * 32 + 8 * c);
 }
 
 /* A register tile: NW weight rows (n..n+NW) times NR rows of x, every weight chunk loaded once for the NR
    rows. NW and NR are constants at every call, so acc[][] lives in registers; NW x NR <= 8 independent
-   FMA chains hide the FMA latency. Writes y[r][n+i] = sum_k (d q) x (without Q4_1's m term and the bias). */
+   FMA chains hide the FMA latency. Writes y[r][n+i] = sum_k w x (without the bias). */
 static inline __attribute__((always_inline)) void tile(const wp_matrix *W, const int TYPE, const float *x, int64_t n,
                                                        const int NW, const int NR, float *y, int64_t ldy) {
     const int64_t K = W->cols, nb = K / 32;
@@ -118,17 +175,13 @@ static inline __attribute__((always_inline)) void tile(const wp_matrix *W, const
 static inline __attribute__((always_inline)) void tile_rows_t(const wp_matrix *W, const int TYPE, const float *x,
                                                               int nr, float *y, int64_t ldy, int64_t n0, int64_t n1) {
     int64_t n = n0;
-    const int64_t row_bytes = TYPE == WP_Q4_1 ? W->cols / 2 : TYPE == WP_Q8_0 ? W->cols : W->cols * 4;
+    const int64_t rb = row_bytes(W);
     for (; n + 4 <= n1; n += 4) {
         /* Prefetch the weight rows PREFETCH_ROWS ahead: decode is a stream through memory, and at a few rows
            per step the loop is too slow for the hardware prefetcher alone to keep enough lines in flight. */
         if (n + PREFETCH_ROWS + 4 <= n1) {
-            const char *p = (const char *)W->qs + (n + PREFETCH_ROWS) * row_bytes;
-            for (int64_t o = 0; o < 4 * row_bytes; o += 64) __builtin_prefetch(p + o);
-            if (TYPE != WP_F32) {
-                const char *pd = (const char *)(W->d + (n + PREFETCH_ROWS) * (W->cols / 32));
-                for (int64_t o = 0; o < 4 * (W->cols / 32) * 4; o += 64) __builtin_prefetch(pd + o);
-            }
+            const uint8_t *p = W->data + (n + PREFETCH_ROWS) * rb;
+            for (int64_t o = 0; o < 4 * rb; o += 64) __builtin_prefetch(p + o);
         }
         switch (nr) {
             case 1: tile(W, TYPE, x, n, 2, 1, y, ldy); tile(W, TYPE, x, n + 2, 2, 1, y, ldy); break;
@@ -155,13 +208,11 @@ static void tile_rows(const wp_matrix *W, const float *x, int nr, float *y, int6
     }
 }
 
-/* y[r][n] = x[r] . W[n] (+ bias[n]) for the nr rows of x and weight rows n0..n1.
-   Q4_1: sum_j (d q_j + m) x_j = sum_j (d q_j) x_j + m (sum_j x_j); xsum[r][b] holds the last sums. */
-static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, int nr, float *y, int64_t n0,
-                        int64_t n1) {
+/* y[r][n] = x[r] . W[n] (+ bias[n]) for the nr rows of x and weight rows n0..n1. */
+static void matvec_rows(const wp_matrix *W, const float *x, int nr, float *y, int64_t n0, int64_t n1) {
     const int64_t K = W->cols, N = W->rows, nb = K / 32;
     if (nr > 4 && W->type != WP_F32) {
-        /* Many rows: convert 4 weight rows at a time (d * q, the same values the tiles compute) into an
+        /* Many rows: dequantize 4 weight rows at a time (the same values the tiles compute) into an
            L1-sized buffer and run the fp32 tiles over it, so the conversion is paid once per weight, not once
            per 4 rows of x. Every row of x sees the same operations in the same order whatever the batch:
            a sequence's result does not depend on what it is batched with. */
@@ -176,13 +227,13 @@ static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, i
                                                                  : load_chunk(W, WP_Q8_0, g0 + i, b, c);
                             _mm256_storeu_ps(wbuf + i * K + b * 32 + 8 * c, w);
                         }
-                const wp_matrix F = {WP_F32, cnt, (int32_t)K, 0, wbuf, NULL, NULL, NULL};
+                const wp_matrix F = {WP_F32, cnt, (int32_t)K, 0, (const uint8_t *)wbuf, NULL};
                 for (int r0 = 0; r0 < nr; r0 += 4)
                     tile_rows_t(&F, WP_F32, x + (int64_t)r0 * K, nr - r0 < 4 ? nr - r0 : 4, y + (int64_t)r0 * N + g0, N,
                                 0, cnt);
             }
             free(wbuf);
-            goto offsets;
+            goto bias;
         }
     }
     /* Weight rows outer, x rows inner: a group of weight rows is read from memory once and stays in L1 while
@@ -192,36 +243,29 @@ static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, i
         for (int r0 = 0; r0 < nr; r0 += 4)
             tile_rows(W, x + (int64_t)r0 * K, nr - r0 < 4 ? nr - r0 : 4, y + (int64_t)r0 * N, g0, g1);
     }
-offsets:
-    if (W->type == WP_Q4_1 || W->bias)
+bias:
+    if (W->bias)
         for (int r = 0; r < nr; r++)
-            for (int64_t n = n0; n < n1; n++) {
-                float s = 0.f;
-                if (W->type == WP_Q4_1) {
-                    const float *mn = W->m + n * nb, *xs = xsum + (int64_t)r * nb;
-                    for (int64_t b = 0; b < nb; b++) s += mn[b] * xs[b];
-                }
-                if (W->bias) s += W->bias[n];
-                y[(int64_t)r * N + n] += s;
-            }
+            for (int64_t n = n0; n < n1; n++) y[(int64_t)r * N + n] += W->bias[n];
 }
 #else
 static float weight_at(const wp_matrix *W, int64_t row, int64_t k) {
-    const int64_t nb = W->cols / 32, b = k / 32, j = k % 32;
+    const int64_t b = k / 32, j = k % 32;
     if (W->type == WP_Q4_1) {
-        const uint8_t byte = ((const uint8_t *)W->qs)[row * (W->cols / 2) + b * 16 + (j % 16)];
-        const float q = (float)(j < 16 ? byte & 15 : byte >> 4);
-        const float dq = W->d[row * nb + b] * q;
-        return dq + W->m[row * nb + b];
+        const uint8_t *blk = W->data + row * row_bytes(W) + b * 20;
+        const uint8_t byte = blk[4 + j % 16];
+        const float dq = load_half(blk) * (float)(j < 16 ? byte & 15 : byte >> 4);
+        return dq + load_half(blk + 2);
     }
-    if (W->type == WP_Q8_0) return W->d[row * nb + b] * (float)((const int8_t *)W->qs)[row * W->cols + k];
-    return ((const float *)W->qs)[row * W->cols + k];
+    if (W->type == WP_Q8_0) {
+        const uint8_t *blk = W->data + row * row_bytes(W) + b * 34;
+        return load_half(blk) * (float)(int8_t)blk[2 + j];
+    }
+    return ((const float *)W->data)[row * W->cols + k];
 }
 
-static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, int nr, float *y, int64_t n0,
-                        int64_t n1) {
+static void matvec_rows(const wp_matrix *W, const float *x, int nr, float *y, int64_t n0, int64_t n1) {
     const int64_t K = W->cols, N = W->rows;
-    (void)xsum;
     for (int64_t n = n0; n < n1; n++)
         for (int r = 0; r < nr; r++) {
             float s = 0.f;
@@ -234,13 +278,7 @@ static void matvec_rows(const wp_matrix *W, const float *x, const float *xsum, i
 
 /* y[D][rows] = x[D][cols] @ W.T, weight rows split over the threads: each weight is read once per step. */
 static void matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
-    const int64_t N = W->rows, K = W->cols, nb = K / 32;
-    float *xsum = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
-    for (int64_t i = 0; i < D * nb; i++) {
-        float s = 0.f;
-        for (int j = 0; j < 32; j++) s += x[i * 32 + j];
-        xsum[i] = s;
-    }
+    const int64_t N = W->rows;
 #pragma omp parallel num_threads(nthreads)
     {
         int t = 0, nt = 1;
@@ -251,9 +289,8 @@ static void matmul(const wp_matrix *W, const float *x, int D, float *y, int nthr
         /* Contiguous row ranges, a multiple of 8 rows each, so threads do not share cache lines of y. */
         const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
         const int64_t n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
-        matvec_rows(W, x, xsum, D, y, n0, n1);
+        matvec_rows(W, x, D, y, n0, n1);
     }
-    free(xsum);
 }
 
 static void rms_norm(const float *x, const float *w, float eps, int D, int H, float *out) {
@@ -277,7 +314,7 @@ static void rope(float *v, const float *cos, const float *sin, int hd) {
 
 #define SPLIT 64 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
 
-#ifdef __AVX2__
+#ifdef WP_SIMD
 /* exp(x) for 8 floats: Cephes' polynomial (about 1 ulp over the range softmax and SiLU use). */
 static inline __m256 exp256(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
@@ -301,7 +338,7 @@ static inline __m256 exp256(__m256 x) {
 static float exp_shifted(float *v, int n, float mx) {
     int i = 0;
     float sum = 0.f;
-#ifdef __AVX2__
+#ifdef WP_SIMD
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
         const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(mx)));
@@ -312,20 +349,6 @@ static float exp_shifted(float *v, int n, float mx) {
 #endif
     for (; i < n; i++) sum += (v[i] = expf(v[i] - mx));
     return sum;
-}
-
-#define KV_PREFETCH 6 /* tokens ahead */
-
-static inline float dot(const float *a, const float *b, int n) {
-    int i = 0;
-    float s = 0.f;
-#ifdef __AVX2__
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    s = hsum(acc);
-#endif
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
 }
 
 /* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache:
@@ -350,7 +373,7 @@ static void attend_one_row(const float *q, const float *kc, const float *vc, con
         pj[0] = mx;
         pj[1] = exp_shifted(sj, n, mx);
         int d0 = 0;
-#ifdef __AVX2__
+#ifdef WP_SIMD
         for (; d0 + 32 <= hd; d0 += 32) { /* 32 output values in 4 registers over the span */
             __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             for (int t = 0; t < n; t++) {
@@ -374,7 +397,7 @@ static void attend_one_row(const float *q, const float *kc, const float *vc, con
 static inline __attribute__((always_inline)) void span_queries(const float *q, int hd, const float *Kt,
                                                                const float *Vs, int nv, float scale, float *s,
                                                                float *part, const int NQ) {
-#ifdef __AVX2__
+#ifdef WP_SIMD
     for (int t = 0; t < nv; t += 32) { /* 32 keys x NQ queries in registers; Kt is zero-padded to SPLIT */
         __m256 acc[2][4];
         for (int a = 0; a < NQ; a++)
@@ -407,7 +430,7 @@ static inline __attribute__((always_inline)) void span_queries(const float *q, i
         part[a * (hd + 2) + 1] = exp_shifted(sa, nv, mx);
     }
     int d0 = 0;
-#ifdef __AVX2__
+#ifdef WP_SIMD
     for (; d0 + 32 <= hd; d0 += 32) { /* 32 output values x NQ queries in registers over the span */
         __m256 acc[2][4];
         for (int a = 0; a < NQ; a++)
@@ -567,7 +590,7 @@ static void silu_mul(const float *gu, int R, int I, float *act) {
         const float *g = gu + (int64_t)r * 2 * I, *u = g + I;
         float *a = act + (int64_t)r * I;
         int i = 0;
-#ifdef __AVX2__
+#ifdef WP_SIMD
         for (; i + 8 <= I; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i);
             const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv)));

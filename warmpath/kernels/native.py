@@ -39,8 +39,7 @@ class NativeKernelError(RuntimeError):
 
 class Matrix(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
-                ("_pad", ctypes.c_int32), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+                ("_pad", ctypes.c_int32), ("data", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
 class Layer(ctypes.Structure):
@@ -106,7 +105,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def _matrix(q: QuantizedMatrix, bias: torch.Tensor | None = None) -> Matrix:
     if q.cols % 32:
         raise NativeKernelError(f"the native kernel needs rows of a multiple of 32 values, got {q.cols}")
-    return Matrix(KINDS[q.kind], q.rows, q.cols, 0, _ptr(q.qs), _ptr(q.d), _ptr(q.m), _ptr(bias))
+    return Matrix(KINDS[q.kind], q.rows, q.cols, 0, _ptr(q.data), _ptr(bias))
 
 
 def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Block-quantized weight matrices, as the native CPU decode kernel reads them (warmpath/kernels/).
 
-Two formats, both from GGUF (blocks of 32 values along a row): Q4_1 (w = d * q + m, q in 0..15) and Q8_0
-(w = d * q, q in -127..127). A GGUF checkpoint's own blocks are kept as they are, so decoding from them reads
-exactly the weights the fp32 path dequantized; a matrix without them is read as fp32. Scales are stored as
-fp32 (GGUF has fp16): the kernel converts nothing per step.
+Two formats, both GGUF's own (blocks of 32 values along a row): Q4_1 (20 bytes: fp16 d, fp16 m, 16 bytes of
+nibbles; w = d * q + m, q in 0..15) and Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q). A GGUF checkpoint's
+blocks are kept byte for byte, one row after another, so decoding from them reads exactly the weights the
+fp32 path dequantized, in one stream per row; a matrix without them is read as fp32.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 BLOCK = 32
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
 
 
 @dataclass
@@ -20,51 +21,39 @@ class QuantizedMatrix:
     kind: str  # "q4_1" | "q8_0" | "f32"
     rows: int
     cols: int
-    qs: torch.Tensor  # q4_1: uint8 [rows, cols/2]; q8_0: int8 [rows, cols]; f32: float32 [rows, cols]
-    d: torch.Tensor | None = None  # [rows, cols/32] fp32 block scales
-    m: torch.Tensor | None = None  # q4_1: [rows, cols/32] fp32 block minimums
+    data: torch.Tensor  # q4_1 / q8_0: uint8 [rows, cols / 32 * block bytes]; f32: float32 [rows, cols]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        return self.data.numel() * self.data.element_size()
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [rows, cols], computed as the GGUF loader does (d * q + m, rounded twice)."""
         if self.kind == "f32":
-            return self.qs.clone()
-        d = self.d.repeat_interleave(BLOCK, dim=1)
+            return self.data.clone()
+        blocks = self.data.view(self.rows, self.cols // BLOCK, BLOCK_BYTES[self.kind])
+        d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, blocks, 1]
         if self.kind == "q8_0":
-            return d * self.qs.float()
-        blocks = self.qs.view(self.rows, -1, BLOCK // 2)
-        q = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(self.rows, self.cols).float()
-        return d * q + self.m.repeat_interleave(BLOCK, dim=1)
+            return (d * blocks[..., 2:].contiguous().view(torch.int8).float()).reshape(self.rows, self.cols)
+        m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        qs = blocks[..., 4:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()  # low nibbles are values 0..15, high 16..31
+        return (d * q + m).reshape(self.rows, self.cols)
 
     def map_rows(self, fn) -> QuantizedMatrix:
-        """The same matrix with its rows rearranged by fn (applied to every per-row tensor alike)."""
-        return QuantizedMatrix(self.kind, self.rows, self.cols, fn(self.qs).contiguous(),
-                               None if self.d is None else fn(self.d).contiguous(),
-                               None if self.m is None else fn(self.m).contiguous())
+        """The same matrix with its rows rearranged by fn (whole rows of blocks move together)."""
+        return QuantizedMatrix(self.kind, self.rows, self.cols, fn(self.data).contiguous())
 
 
 def from_gguf_blocks(raw: torch.Tensor, kind: str, rows: int, cols: int) -> QuantizedMatrix:
-    """raw: the tensor's GGUF bytes (uint8), rows x cols/32 blocks of 20 (q4_1) or 34 (q8_0) bytes."""
-    size = {"q4_1": 20, "q8_0": 34}[kind]
-    blocks = raw.reshape(rows, cols // BLOCK, size)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float().reshape(rows, cols // BLOCK)
-    if kind == "q8_0":
-        return QuantizedMatrix(kind, rows, cols, blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, cols), d)
-    m = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(rows, cols // BLOCK)
-    return QuantizedMatrix(kind, rows, cols, blocks[..., 4:].contiguous().reshape(rows, cols // 2), d, m)
+    """raw: the tensor's GGUF bytes (uint8), rows x cols/32 blocks."""
+    return QuantizedMatrix(kind, rows, cols, raw.reshape(rows, cols // BLOCK * BLOCK_BYTES[kind]).contiguous())
 
 
 def concat_rows(parts: list[QuantizedMatrix]) -> QuantizedMatrix | None:
     """Stack matrices of one kind and width (fused q/k/v, gate/up); None when they differ."""
     if len({(p.kind, p.cols) for p in parts}) != 1:
         return None
-
-    def cat(ts):
-        return None if ts[0] is None else torch.cat(ts).contiguous()
-
     first = parts[0]
-    return QuantizedMatrix(first.kind, sum(p.rows for p in parts), first.cols, cat([p.qs for p in parts]),
-                           cat([p.d for p in parts]), cat([p.m for p in parts]))
+    return QuantizedMatrix(first.kind, sum(p.rows for p in parts), first.cols,
+                           torch.cat([p.data for p in parts]).contiguous())
