@@ -59,13 +59,10 @@ class AsyncEngine:
         self.step_listeners: list = []
         self.prefill_threads = torch.get_num_threads()
         # On a small machine a decode step on every core is stalled by each HTTP wake-up (OpenMP stragglers);
-        # one core fewer for decode-only steps is faster end to end (benchmarks/server_contention.py).
+        # one core fewer for decode-only steps is faster end to end (benchmarks/server_contention.py). It holds
+        # for the native decode kernel too: 16 concurrent streams through the server, 3 runs each, 1 decode
+        # thread 54.3 / 54.4 / 53.5 tok/s (TTFT p99 10.8-11.3 s) vs 2 threads 49.5 / 49.5 / 52.0 (11.4-14.1 s).
         spare = self.prefill_threads - 1 if 2 <= self.prefill_threads <= 4 else self.prefill_threads
-        if engine.runner.native is not None:
-            # The native decode kernel is one call per step, not ~1,200 small OpenMP regions: on 2 cores one
-            # stream is served as fast with both threads (45.2 vs 45.3 tok/s) and 16 streams faster (53.5 vs
-            # 48.9 tok/s; benchmarks/server_contention.py, compare_cpu.py --server-rows).
-            spare = self.prefill_threads
         self.decode_threads = engine.config.num_decode_threads or spare
         self._threads = self.prefill_threads
         self._thread = threading.Thread(target=self._run, name="warmpath-engine", daemon=True)
