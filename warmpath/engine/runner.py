@@ -36,7 +36,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = kv_cache.device
-        self.native = native  # computes the step's single-token sequences when set
+        self.native = native  # when set, computes the step's sequences of <= MAX_CHUNK new tokens
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
