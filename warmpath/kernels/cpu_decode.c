@@ -6,15 +6,13 @@
    call that reads the checkpoint's own 4-bit blocks (~85 MB/token) with AVX2, and touches each weight once
    for all the step's sequences.
 
-   Numerics: weights are dequantized exactly as the loader does (d * q + m in fp32, no fused multiply-add),
-   so the only difference from the fp32 torch path is the order of summation. One stream of bytes per
-   weight row, as the file has it (the loader only un-permutes Q/K rows).
+   Numerics: the weights are the checkpoint's own quantized values (q, and per block of 32 the scale d and
+   min m the loader dequantizes with), with the block's scale applied to the block's sum (see "Packed
+   weights" below); every output is computed in the same order whatever the batch, so a sequence's logits do
+   not depend on what it is batched with.
 
    Layouts (all row-major, C-contiguous, built by warmpath/kernels/native.py):
-     WP_F32:  data = float[rows][cols]
-     WP_Q4_1: data = GGUF's own blocks, rows of cols/32 blocks of 20 bytes: fp16 d, fp16 m, 16 bytes of
-              nibbles (byte j = value j in the low nibble, value j+16 in the high one); w = d * q + m
-     WP_Q8_0: data = GGUF's own blocks, 34 bytes: fp16 d, 32 int8 q; w = d * q
+     weights:  packed in groups of 8 rows, see "Packed weights" below
      KV cache: float[num_layers][2][num_blocks][block_size][num_kv_heads][head_dim]
      rope:     float[2][max_positions][head_dim] (cos, sin), rotate-half layout */
 
@@ -37,10 +35,6 @@ typedef struct {
     const uint8_t *data;
     const float *bias; /* [rows] or NULL */
 } wp_matrix;
-
-static inline int64_t row_bytes(const wp_matrix *W) {
-    return W->type == WP_Q4_1 ? W->cols / 32 * 20 : W->type == WP_Q8_0 ? W->cols / 32 * 34 : (int64_t)W->cols * 4;
-}
 
 /* IEEE half -> float, for the portable path (the SIMD path uses F16C). */
 static inline float half_to_float(uint16_t h) {
@@ -118,167 +112,219 @@ static inline float dot(const float *a, const float *b, int n) {
     return s;
 }
 
+/* Packed weights (native.py pack()): rows in groups of 8, one AVX2 vector of outputs; a group is a run of its
+   cols/32 blocks, each block the group's 8 rows interleaved so one load serves all 8 at one column:
+     WP_Q4_1: 160 bytes: fp16 d[8], fp16 m[8], then for each column pair p: 8 bytes, byte j = q[j][2p] | q[j][2p+1] << 4
+     WP_Q8_0: 272 bytes: fp16 d[8], then for each column k: 8 int8, q[j][k]
+     WP_F32:  1024 bytes: float w[k][8]
+   Rows are padded with zeros to a multiple of 8.
+
+   Numerics, the same for every output whatever the batch (bit for bit; native.py's tests pin it):
+     Q4_1: y = sum over blocks b, in order, of d * S_b + m * X_b, where S_b = sum over the block's columns, in
+           order, of q * x (one fused multiply-add chain from 0) and X_b the block's sum of x;
+     Q8_0: the same without m; F32: one chain over all columns. Then + bias.
+   Factoring the scale out of the block is what makes the 4-bit product cheap: the inner loop converts a nibble
+   and multiplies-adds, nothing else. */
+static inline int64_t block_bytes(int type) { return type == WP_Q4_1 ? 160 : type == WP_Q8_0 ? 272 : 1024; }
+
+/* The block sums X_b of each row of x (Q4_1's min term), in one fixed order. */
+static void block_sums(const float *x, int D, int64_t K, float *xs) {
+    const int64_t nb = K / 32;
+    for (int r = 0; r < D; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *p = x + (int64_t)r * K + b * 32;
 #ifdef WP_SIMD
-
-/* Values 8c..8c+7 of block b of weight row `row`, dequantized: d * q + m (Q4_1), d * q (Q8_0). */
-static inline __attribute__((always_inline)) __m256 load_chunk(const wp_matrix *W, const int TYPE, int64_t row,
-                                                              int64_t b, int c) {
-    if (TYPE == WP_Q4_1) {
-        const uint8_t *blk = W->data + row * (W->cols / 32 * 20) + b * 20;
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 4 + 8 * (c & 1))));
-        q = c < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
-        const __m256 dq = _mm256_mul_ps(_mm256_set1_ps(load_half(blk)), _mm256_cvtepi32_ps(q));
-        return _mm256_add_ps(dq, _mm256_set1_ps(load_half(blk + 2)));
-    }
-    if (TYPE == WP_Q8_0) {
-        const uint8_t *blk = W->data + row * (W->cols / 32 * 34) + b * 34;
-        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c)));
-        return _mm256_mul_ps(_mm256_set1_ps(load_half(blk)), _mm256_cvtepi32_ps(q));
-    }
-    return _mm256_loadu_ps((const float *)W->data + row * W->cols + b * 32 + 8 * c);
+            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)),
+                                           _mm256_add_ps(_mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)));
+            xs[r * nb + b] = hsum(s);
+#else
+            float s = 0.f;
+            for (int k = 0; k < 32; k++) s += p[k];
+            xs[r * nb + b] = s;
+#endif
+        }
 }
 
-/* A register tile: NW weight rows (n..n+NW) times NR rows of x, every weight chunk loaded once for the NR
-   rows. NW and NR are constants at every call, so acc[][] lives in registers; NW x NR <= 8 independent
-   FMA chains hide the FMA latency. Writes y[r][n+i] = sum_k w x (without the bias). */
-static inline __attribute__((always_inline)) void tile(const wp_matrix *W, const int TYPE, const float *x, int64_t n,
-                                                       const int NW, const int NR, float *y, int64_t ldy) {
-    const int64_t K = W->cols, nb = K / 32;
-    __m256 acc[4][4];
+#ifdef WP_SIMD
+#define AI static inline __attribute__((always_inline))
+
+/* A register tile: G groups (8 output rows each, at w, gs bytes apart) times R rows of x (K apart). G x R
+   chains of fused multiply-adds hide their latency; the nibbles of a group are converted once for all R rows.
+   y[r * ldy + 8 i + j] for output row j of group i. pf: the next tile's weights, fetched ahead a block at a
+   time (a decode step streams the weights from memory once). */
+AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64_t K, const float *xs, const int G,
+             const int R, float *y, int64_t ldy, const uint8_t *pf) {
+    const int64_t nb = K / 32, bb = block_bytes(TYPE);
+    __m256 s[8][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
-    for (int i = 0; i < NW; i++)
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) acc[i][r] = _mm256_setzero_ps();
+        for (int r = 0; r < R; r++) s[i][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        if (pf)
+            for (int64_t o = 0; o < G * bb; o += 64) __builtin_prefetch(pf + b * G * bb + o);
+        const float *xb = x + b * 32;
+        const uint8_t *blk = w + b * bb;
+        if (TYPE == WP_Q4_1) {
+#pragma GCC unroll 2
+            for (int p = 0; p < 16; p++) {
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) { /* column 2p + h: the low nibble, then the high one */
+                    __m256 xv[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            __m256 xv[4];
+                    for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + 2 * p + h);
+#pragma GCC unroll 8
+                    for (int i = 0; i < G; i++) {
+                        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 32 + 8 * p)));
+                        const __m256 wv = _mm256_cvtepi32_ps(h ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(15)));
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) xv[r] = _mm256_loadu_ps(x + r * K + b * 32 + 8 * c);
+                        for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
+                    }
+                }
+            }
+        } else if (TYPE == WP_Q8_0) {
 #pragma GCC unroll 4
-            for (int i = 0; i < NW; i++) {
-                const __m256 w = load_chunk(W, TYPE, n + i, b, c);
+            for (int k = 0; k < 32; k++) {
+                __m256 xv[4];
 #pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) acc[i][r] = _mm256_fmadd_ps(w, xv[r], acc[i][r]);
+                for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
+#pragma GCC unroll 8
+                for (int i = 0; i < G; i++) {
+                    const __m256 wv = _mm256_cvtepi32_ps(
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 16 + 8 * k))));
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
+                }
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 32; k++) {
+                __m256 xv[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
+#pragma GCC unroll 8
+                for (int i = 0; i < G; i++) {
+                    const __m256 wv = _mm256_loadu_ps((const float *)(blk + i * gs) + 8 * k);
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
+                }
+            }
+        }
+        if (TYPE == WP_F32) continue;
+        /* The block's scale (and min) applied once to its sums; the running total lives in y. */
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs)));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                float *yp = y + r * ldy + 8 * i;
+                __m256 t = _mm256_fmadd_ps(d, s[i][r], b ? _mm256_loadu_ps(yp) : _mm256_setzero_ps());
+                if (TYPE == WP_Q4_1) {
+                    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs + 16)));
+                    t = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), t);
+                }
+                _mm256_storeu_ps(yp, t);
+                s[i][r] = _mm256_setzero_ps();
             }
         }
     }
+    if (TYPE == WP_F32)
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
-    for (int i = 0; i < NW; i++)
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) y[r * ldy + n + i] = hsum(acc[i][r]);
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, s[i][r]);
 }
 
-#define PREFETCH_ROWS 16
-
-/* x rows r0.. (nr <= 4) times weight rows n0..n1, for one weight format (a constant: no branch inside). */
-static inline __attribute__((always_inline)) void tile_rows_t(const wp_matrix *W, const int TYPE, const float *x,
-                                                              int nr, float *y, int64_t ldy, int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    const int64_t rb = row_bytes(W);
-    for (; n + 4 <= n1; n += 4) {
-        /* Prefetch the weight rows PREFETCH_ROWS ahead: decode is a stream through memory, and at a few rows
-           per step the loop is too slow for the hardware prefetcher alone to keep enough lines in flight. */
-        if (n + PREFETCH_ROWS + 4 <= n1) {
-            const uint8_t *p = W->data + (n + PREFETCH_ROWS) * rb;
-            for (int64_t o = 0; o < 4 * rb; o += 64) __builtin_prefetch(p + o);
-        }
-        switch (nr) {
-            case 1: tile(W, TYPE, x, n, 2, 1, y, ldy); tile(W, TYPE, x, n + 2, 2, 1, y, ldy); break;
-            case 2: tile(W, TYPE, x, n, 4, 2, y, ldy); break;
-            case 3: tile(W, TYPE, x, n, 2, 3, y, ldy); tile(W, TYPE, x, n + 2, 2, 3, y, ldy); break;
-            default: tile(W, TYPE, x, n, 2, 4, y, ldy); tile(W, TYPE, x, n + 2, 2, 4, y, ldy); break;
-        }
+/* Groups g0..g1 (whole groups of 8 rows; y at group g0's outputs) times R rows of x: the widest tile that keeps <= 12 accumulators. */
+AI void tiles_t(const wp_matrix *W, const int TYPE, const float *x, const float *xs, int R, float *y, int64_t ldy,
+                int64_t g0, int64_t g1, int fetch) {
+    const int64_t K = W->cols, gs = K / 32 * block_bytes(TYPE);
+    const uint8_t *end = W->data + g1 * gs;
+    int64_t g = g0;
+#define TILE(G_, R_)                                                                                              \
+    for (; g + G_ <= g1; g += G_) {                                                                               \
+        const uint8_t *next = W->data + (g + G_) * gs;                                                            \
+        tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy,                                 \
+             fetch && next + G_ * gs <= end ? next : NULL);                                                       \
     }
-    for (; n < n1; n++) {
-        switch (nr) {
-            case 1: tile(W, TYPE, x, n, 1, 1, y, ldy); break;
-            case 2: tile(W, TYPE, x, n, 1, 2, y, ldy); break;
-            case 3: tile(W, TYPE, x, n, 1, 3, y, ldy); break;
-            default: tile(W, TYPE, x, n, 1, 4, y, ldy); break;
-        }
+    switch (R) {
+        case 1: TILE(8, 1) TILE(4, 1) TILE(1, 1) break;
+        case 2: TILE(4, 2) TILE(1, 2) break;
+        case 3: TILE(3, 3) TILE(1, 3) break;
+        default: TILE(2, 4) TILE(1, 4) break;
     }
+#undef TILE
 }
 
-static void tile_rows(const wp_matrix *W, const float *x, int nr, float *y, int64_t n0, int64_t n1) {
+static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,
+                  int64_t g1, int fetch) {
     switch (W->type) {
-        case WP_Q4_1: tile_rows_t(W, WP_Q4_1, x, nr, y, W->rows, n0, n1); break;
-        case WP_Q8_0: tile_rows_t(W, WP_Q8_0, x, nr, y, W->rows, n0, n1); break;
-        default: tile_rows_t(W, WP_F32, x, nr, y, W->rows, n0, n1); break;
+        case WP_Q4_1: tiles_t(W, WP_Q4_1, x, xs, R, y, ldy, g0, g1, fetch); break;
+        case WP_Q8_0: tiles_t(W, WP_Q8_0, x, xs, R, y, ldy, g0, g1, fetch); break;
+        default: tiles_t(W, WP_F32, x, xs, R, y, ldy, g0, g1, fetch); break;
     }
-}
-
-/* y[r][n] = x[r] . W[n] (+ bias[n]) for the nr rows of x and weight rows n0..n1. */
-static void matvec_rows(const wp_matrix *W, const float *x, int nr, float *y, int64_t n0, int64_t n1) {
-    const int64_t K = W->cols, N = W->rows, nb = K / 32;
-    if (nr > 4 && W->type != WP_F32) {
-        /* Many rows: dequantize 4 weight rows at a time (the same values the tiles compute) into an
-           L1-sized buffer and run the fp32 tiles over it, so the conversion is paid once per weight, not once
-           per 4 rows of x. Every row of x sees the same operations in the same order whatever the batch:
-           a sequence's result does not depend on what it is batched with. */
-        float *wbuf = (float *)malloc((size_t)4 * K * sizeof(float));
-        if (wbuf) {
-            for (int64_t g0 = n0; g0 < n1; g0 += 4) {
-                const int cnt = n1 - g0 < 4 ? (int)(n1 - g0) : 4;
-                for (int i = 0; i < cnt; i++)
-                    for (int64_t b = 0; b < nb; b++)
-                        for (int c = 0; c < 4; c++) {
-                            const __m256 w = W->type == WP_Q4_1 ? load_chunk(W, WP_Q4_1, g0 + i, b, c)
-                                                                 : load_chunk(W, WP_Q8_0, g0 + i, b, c);
-                            _mm256_storeu_ps(wbuf + i * K + b * 32 + 8 * c, w);
-                        }
-                const wp_matrix F = {WP_F32, cnt, (int32_t)K, 0, (const uint8_t *)wbuf, NULL};
-                for (int r0 = 0; r0 < nr; r0 += 4)
-                    tile_rows_t(&F, WP_F32, x + (int64_t)r0 * K, nr - r0 < 4 ? nr - r0 : 4, y + (int64_t)r0 * N + g0, N,
-                                0, cnt);
-            }
-            free(wbuf);
-            goto bias;
-        }
-    }
-    /* Weight rows outer, x rows inner: a group of weight rows is read from memory once and stays in L1 while
-       every 4 rows of x pass over it. */
-    for (int64_t g0 = n0; g0 < n1; g0 += 16) {
-        const int64_t g1 = g0 + 16 < n1 ? g0 + 16 : n1;
-        for (int r0 = 0; r0 < nr; r0 += 4)
-            tile_rows(W, x + (int64_t)r0 * K, nr - r0 < 4 ? nr - r0 : 4, y + (int64_t)r0 * N, g0, g1);
-    }
-bias:
-    if (W->bias)
-        for (int r = 0; r < nr; r++)
-            for (int64_t n = n0; n < n1; n++) y[(int64_t)r * N + n] += W->bias[n];
 }
 #else
-static float weight_at(const wp_matrix *W, int64_t row, int64_t k) {
-    const int64_t b = k / 32, j = k % 32;
-    if (W->type == WP_Q4_1) {
-        const uint8_t *blk = W->data + row * row_bytes(W) + b * 20;
-        const uint8_t byte = blk[4 + j % 16];
-        const float dq = load_half(blk) * (float)(j < 16 ? byte & 15 : byte >> 4);
-        return dq + load_half(blk + 2);
-    }
-    if (W->type == WP_Q8_0) {
-        const uint8_t *blk = W->data + row * row_bytes(W) + b * 34;
-        return load_half(blk) * (float)(int8_t)blk[2 + j];
-    }
-    return ((const float *)W->data)[row * W->cols + k];
-}
-
-static void matvec_rows(const wp_matrix *W, const float *x, int nr, float *y, int64_t n0, int64_t n1) {
-    const int64_t K = W->cols, N = W->rows;
-    for (int64_t n = n0; n < n1; n++)
-        for (int r = 0; r < nr; r++) {
-            float s = 0.f;
-            for (int64_t k = 0; k < K; k++) s += weight_at(W, n, k) * x[(int64_t)r * K + k];
-            if (W->bias) s += W->bias[n];
-            y[(int64_t)r * N + n] = s;
-        }
+/* The portable path: the same sums, one output at a time. */
+static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,
+                  int64_t g1, int fetch) {
+    (void)fetch;
+    const int64_t K = W->cols, nb = K / 32, bb = block_bytes(W->type), gs = nb * bb;
+    for (int64_t g = g0; g < g1; g++)
+        for (int j = 0; j < 8; j++)
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + (int64_t)r * K;
+                float tot = 0.f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const uint8_t *blk = W->data + g * gs + b * bb;
+                    float s = 0.f;
+                    for (int k = 0; k < 32; k++) {
+                        float q;
+                        if (W->type == WP_Q4_1) {
+                            const uint8_t byte = blk[32 + 8 * (k / 2) + j];
+                            q = (float)(k % 2 ? byte >> 4 : byte & 15);
+                        } else if (W->type == WP_Q8_0) {
+                            q = (float)(int8_t)blk[16 + 8 * k + j];
+                        } else {
+                            float v;
+                            memcpy(&v, blk + 4 * (8 * k + j), 4);
+                            q = v;
+                        }
+                        s += q * xr[b * 32 + k];
+                    }
+                    if (W->type == WP_F32) {
+                        tot += s;
+                        continue;
+                    }
+                    tot += load_half(blk + 2 * j) * s;
+                    if (W->type == WP_Q4_1) tot += load_half(blk + 16 + 2 * j) * xs[r * nb + b];
+                }
+                y[(int64_t)r * ldy + 8 * (g - g0) + j] = tot;
+            }
 }
 #endif
 
-/* y[D][rows] = x[D][cols] @ W.T, weight rows split over the threads: each weight is read once per step. */
-static void matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
-    const int64_t N = W->rows;
+/* y[r][n] for rows r0.. (R of them) of x and the groups g0..g1; a last group of fewer than 8 real rows goes
+   through a scratch tile, so nothing is written past row N. */
+static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t g0, int64_t g1,
+                          int fetch) {
+    const int64_t N = W->rows, full = N / 8;
+    if (g0 < (g1 < full ? g1 : full)) tiles(W, x, xs, R, y + 8 * g0, N, g0, g1 < full ? g1 : full, fetch);
+    if (g1 > full) { /* the partial group */
+        float tmp[4 * 8];
+        tiles(W, x, xs, R, tmp, 8, full, full + 1, 0);
+        for (int r = 0; r < R; r++)
+            for (int64_t n = 8 * full; n < N; n++) y[(int64_t)r * N + n] = tmp[r * 8 + (n - 8 * full)];
+    }
+}
+
+/* y[D][rows] = x[D][cols] @ W.T (+ bias): the weight groups split over the threads (each weight read once per
+   step, by one thread), every thread running all rows of x in tiles of <= 4 rows. */
+static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
+    const int64_t N = W->rows, K = W->cols, nb = K / 32, NG = (N + 7) / 8;
+    float *xs = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
+    if (!xs) return -1;
+    if (W->type == WP_Q4_1) block_sums(x, D, K, xs);
 #pragma omp parallel num_threads(nthreads)
     {
         int t = 0, nt = 1;
@@ -286,11 +332,22 @@ static void matmul(const wp_matrix *W, const float *x, int D, float *y, int nthr
         t = omp_get_thread_num();
         nt = omp_get_num_threads();
 #endif
-        /* Contiguous row ranges, a multiple of 8 rows each, so threads do not share cache lines of y. */
-        const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
-        const int64_t n0 = t * per < N ? t * per : N, n1 = n0 + per < N ? n0 + per : N;
-        matvec_rows(W, x, D, y, n0, n1);
+        /* Contiguous group ranges, a multiple of 4 groups each where possible (whole wide tiles). */
+        const int64_t per = ((NG + nt - 1) / nt + 3) / 4 * 4;
+        const int64_t g0 = t * per < NG ? t * per : NG, g1 = g0 + per < NG ? g0 + per : NG;
+        /* x in tiles of <= 4 rows, as even as possible (16 rows: 4 x 4; 6: 3 + 3). */
+        const int T = (D + 3) / 4;
+        for (int i = 0, r0 = 0; i < T; i++) {
+            const int R = D / T + (i < D % T);
+            matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, R, y + (int64_t)r0 * N, g0, g1, i == 0);
+            r0 += R;
+        }
+        if (W->bias)
+            for (int r = 0; r < D; r++)
+                for (int64_t n = 8 * g0; n < 8 * g1 && n < N; n++) y[(int64_t)r * N + n] += W->bias[n];
     }
+    free(xs);
+    return 0;
 }
 
 static void rms_norm(const float *x, const float *w, float eps, int D, int H, float *out) {
@@ -619,33 +676,34 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
 
     for (int r = 0; r < R; r++) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
     const float *cos_t = M->rope, *sin_t = M->rope + (int64_t)M->max_positions * hd;
-    for (int l = 0; l < M->num_layers; l++) {
+    int rc = 0;
+    for (int l = 0; l < M->num_layers && !rc; l++) {
         const wp_layer *L = &M->layers[l];
         rms_norm(x, L->input_norm, M->eps, R, Hd, h);
-        matmul(&L->qkv, h, R, qkv, nthreads);
+        if ((rc = matmul(&L->qkv, h, R, qkv, nthreads))) break;
         for (int sq = 0; sq < S; sq++)
             for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
                 const int64_t p = start[sq] + (r - seq_rows[sq]);
                 for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
             }
-        if (attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads)) {
-            free(buf);
-            return -1;
-        }
-        matmul(&L->o, att, R, h, nthreads);
+        if ((rc = attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads))) break;
+        if ((rc = matmul(&L->o, att, R, h, nthreads))) break;
         for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
         rms_norm(x, L->post_attention_norm, M->eps, R, Hd, h);
-        matmul(&L->gate_up, h, R, gu, nthreads);
+        if ((rc = matmul(&L->gate_up, h, R, gu, nthreads))) break;
         silu_mul(gu, R, I, act);
-        matmul(&L->down, act, R, h, nthreads);
+        if ((rc = matmul(&L->down, act, R, h, nthreads))) break;
         for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
     }
-    for (int sq = 0; sq < S; sq++) memcpy(last + (int64_t)sq * Hd, x + (int64_t)(seq_rows[sq + 1] - 1) * Hd, Hd * sizeof(float));
-    rms_norm(last, M->norm, M->eps, S, Hd, h);
-    matmul(&M->head, h, S, logits, nthreads);
+    if (!rc) {
+        for (int sq = 0; sq < S; sq++)
+            memcpy(last + (int64_t)sq * Hd, x + (int64_t)(seq_rows[sq + 1] - 1) * Hd, Hd * sizeof(float));
+        rms_norm(last, M->norm, M->eps, S, Hd, h);
+        rc = matmul(&M->head, h, S, logits, nthreads);
+    }
     free(buf);
-    return 0;
+    return rc;
 }
 
 /* y[D][rows] = x[D][cols] @ W.T alone (tests and benchmarks of the matrix kernels). */
-void wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) { matmul(W, x, D, y, nthreads); }
+int wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) { return matmul(W, x, D, y, nthreads); }

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from warmpath.config import warmpath_home
-from warmpath.models.quant import QuantizedMatrix, concat_rows
+from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_rows
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def load_library() -> ctypes.CDLL:
     lib.wp_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_int]
-    lib.wp_matmul.restype = None
+    lib.wp_matmul.restype = ctypes.c_int
     lib.wp_matmul.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     return lib
 
@@ -102,18 +102,47 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _matrix(q: QuantizedMatrix, bias: torch.Tensor | None = None) -> Matrix:
-    if q.cols % 32:
-        raise NativeKernelError(f"the native kernel needs rows of a multiple of 32 values, got {q.cols}")
-    return Matrix(KINDS[q.kind], q.rows, q.cols, 0, _ptr(q.data), _ptr(bias))
+GROUP = 8  # output rows per packed group: one AVX2 vector
+
+
+def pack(q: QuantizedMatrix) -> torch.Tensor:
+    """The kernel's weight layout (cpu_decode.c, "Packed weights"): rows in groups of 8, zero rows padding the
+    last; each group a run of its 32-column blocks with the group's 8 rows interleaved, so that one load gives
+    8 rows' values at one column. The same values as the checkpoint's blocks, about the same bytes."""
+    if q.cols % BLOCK:
+        raise NativeKernelError(f"the native kernel needs rows of a multiple of {BLOCK} values, got {q.cols}")
+    groups, nb = -(-q.rows // GROUP), q.cols // BLOCK
+    pad = groups * GROUP - q.rows
+    if q.kind == "f32":
+        w = torch.nn.functional.pad(q.data.float(), (0, 0, 0, pad))
+        return w.view(groups, GROUP, nb, BLOCK).permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(-1)
+    blocks = torch.nn.functional.pad(q.data.view(q.rows, nb, BLOCK_BYTES[q.kind]), (0, 0, 0, 0, 0, pad))
+    blocks = blocks.view(groups, GROUP, nb, -1).permute(0, 2, 1, 3)  # [group, block, row, bytes]
+    d = blocks[..., 0:2].reshape(groups, nb, 2 * GROUP)  # fp16 d of rows 0..7
+    if q.kind == "q8_0":
+        qs = blocks[..., 2:].transpose(-1, -2).reshape(groups, nb, BLOCK * GROUP)  # [column][row]
+        return torch.cat([d, qs], dim=-1).reshape(-1).contiguous()
+    m = blocks[..., 2:4].reshape(groups, nb, 2 * GROUP)
+    nibbles = blocks[..., 4:]  # GGUF: byte i holds column i (low) and column i + 16 (high)
+    cols = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [group, block, row, column]
+    pairs = (cols[..., 0::2] | (cols[..., 1::2] << 4)).transpose(-1, -2).reshape(groups, nb, BLOCK // 2 * GROUP)
+    return torch.cat([d, m, pairs], dim=-1).reshape(-1).contiguous()
+
+
+def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None = None) -> Matrix:
+    return Matrix(KINDS[q.kind], q.rows, q.cols, 0, _ptr(packed), _ptr(bias))
 
 
 def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     """x [D, cols] fp32 @ q.T -> [D, rows], through the kernel's matrix product (for tests and benchmarks)."""
     x = x.float().contiguous()
     y = torch.empty(x.shape[0], q.rows)
-    m = _matrix(q)
-    load_library().wp_matmul(ctypes.byref(m), x.data_ptr(), x.shape[0], y.data_ptr(), threads or torch.get_num_threads())
+    packed = pack(q)
+    m = _matrix(q, packed)
+    rc = load_library().wp_matmul(ctypes.byref(m), x.data_ptr(), x.shape[0], y.data_ptr(),
+                                  threads or torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("the native matrix product could not allocate its work buffer")
     return y
 
 
@@ -132,23 +161,26 @@ class NativeDecoder:
         self.lib = load_library()
         self.kv_cache = kv_cache
         self._keep: list = []  # every tensor the C structs point into
+        kinds: set[str] = set()
 
-        def pick(names: list[str], fused: torch.Tensor) -> QuantizedMatrix:
+        def pick(names: list[str], fused: torch.Tensor, bias: torch.Tensor | None = None) -> Matrix:
             parts = [quantized.get(n) for n in names]
             q = concat_rows(parts) if weights == "checkpoint" and all(p is not None for p in parts) else None
             q = q or QuantizedMatrix("f32", *fused.shape, fused.detach().contiguous())
-            self._keep.append(q)
-            return q
+            packed = pack(q)
+            self._keep.append(packed)
+            kinds.add(q.kind)
+            return _matrix(q, packed, bias)
 
         layers = (Layer * cfg.num_layers)()
         for i, layer in enumerate(model.layers):
             a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
             layers[i] = Layer(
                 layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr(),
-                _matrix(pick([a + f"{x}_proj.weight" for x in "qkv"], layer.qkv_weight), layer.qkv_bias),
-                _matrix(pick([a + "o_proj.weight"], layer.o_weight)),
-                _matrix(pick([m + "gate_proj.weight", m + "up_proj.weight"], layer.gate_up_weight)),
-                _matrix(pick([m + "down_proj.weight"], layer.down_weight)),
+                pick([a + f"{x}_proj.weight" for x in "qkv"], layer.qkv_weight, layer.qkv_bias),
+                pick([a + "o_proj.weight"], layer.o_weight),
+                pick([m + "gate_proj.weight", m + "up_proj.weight"], layer.gate_up_weight),
+                pick([m + "down_proj.weight"], layer.down_weight),
             )
         head_name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
         head = model.embed if model.lm_head is None else model.lm_head
@@ -158,11 +190,11 @@ class NativeDecoder:
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.vocab_size, block_size, model.rope.shape[1], num_blocks, cfg.rms_norm_eps, cfg.head_dim**-0.5,
             model.embed.data_ptr(), model.norm.data_ptr(), model.rope.data_ptr(), layers,
-            _matrix(pick([head_name], head)),
+            pick([head_name], head),
         )
-        mats = [q for q in self._keep if isinstance(q, QuantizedMatrix)]
-        self.weight_bytes = sum(q.nbytes for q in mats)
-        self.weight_kinds = sorted({q.kind for q in mats})  # e.g. ["f32", "q4_1", "q8_0"]
+        packs = [t for t in self._keep if isinstance(t, torch.Tensor) and t.dtype == torch.uint8]
+        self.weight_bytes = sum(t.numel() for t in packs)
+        self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
         self.vocab = cfg.vocab_size
 
     def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
