@@ -102,7 +102,8 @@ def test_a_step_equals_the_torch_models(model_dir, request, kernel_build):
 
 
 def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path):
-    """Bit for bit, over the GGUF's Q4_1 and Q8_0 blocks: 1-4 rows and more than 4 rows take different loops."""
+    """Bit for bit, over the GGUF's Q4_1 and Q8_0 blocks: up to 7 rows of a step run in register tiles, 8 or
+    more through converted panels, a prompt chunk beside decodes too."""
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     ckpt = load_checkpoint(str(path), torch.float32)
     llm = LLM(str(path), dtype="float32", decode_kernel="torch", num_kv_blocks=160)
@@ -122,19 +123,24 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path):
         kv[:] = before
         return kernel.forward(*map(list, zip(*batch, strict=True)))
 
+    prompt, table = step_inputs(30, 16 * 9)
+    chunk = (prompt, 0, table)  # a 30-token prompt beside the 8 decodes: 38 rows
     alone = decode(seqs[:1])[0]
-    for batch in (seqs[:3], seqs[:4], seqs[:5], seqs):
+    for batch in (seqs[:3], seqs[:4], seqs[:5], seqs[:7], seqs, [*seqs, chunk]):
         assert torch.equal(decode(batch)[0], alone)
 
 
 def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir):
-    """Prompts admitted while others decode: steps carry prefill chunks (torch) and decodes (native) together.
-    Every request gets the tokens it gets alone, and the pool is whole afterwards."""
+    """Prompts admitted while others decode: steps carry prompt chunks over long contexts (torch) beside
+    short prompts' chunks and decodes (native). Every request gets the tokens it gets alone, and the pool is
+    whole afterwards."""
     llm = LLM(str(tiny_long_dir), dtype="float32", decode_kernel="native", max_num_batched_tokens=48,
-              num_kv_blocks=128)
+              num_kv_blocks=400)
     assert llm.engine.runner.native is not None
     tok = llm.get_tokenizer()
-    prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + i))} for i in range(6)]
+    prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + 12 * i))} for i in range(6)]
+    lengths = [len(p["prompt_token_ids"]) for p in prompts]
+    assert min(lengths) < 48 and max(lengths) > native.NATIVE_CONTEXT + 48  # both paths, chunks of 48
     together = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     alone = [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
     assert together == alone

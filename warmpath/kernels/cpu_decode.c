@@ -1,10 +1,11 @@
-/* Decode steps (and short chunks over a cached context) of a Llama-family model on the CPU, over quantized
-   weights and warmpath's paged KV cache.
+/* Decode steps, short chunks over a cached context and short prompts of a Llama-family model on the CPU, over
+   quantized weights and warmpath's paged KV cache.
 
    Why native: a decode step of a small model is bound by reading weights and by per-op overhead. In torch a
    step is ~1,200 small ops (~20 ms of dispatch for SmolLM2) and fp32 weights (530 MB/token); here it is one
    call that reads the checkpoint's own 4-bit blocks (~85 MB/token) with AVX2, and touches each weight once
-   for all the step's sequences.
+   for all the step's sequences (a short prompt's rows included: many rows go through converted panels at
+   GEMM speed, in the same pass as the step's decodes).
 
    Numerics: the weights are the checkpoint's own quantized values (q, and per block of 32 the scale d and
    min m the loader dequantizes with), with the block's scale applied to the block's sum (see "Packed
@@ -120,12 +121,16 @@ static inline float dot(const float *a, const float *b, int n) {
      WP_F32:  1024 bytes: float w[k][8]
    Rows are padded with zeros to a multiple of 8.
 
-   Numerics, the same for every output whatever the batch (bit for bit; native.py's tests pin it):
-     Q4_1: y = sum over blocks b, in order, of d * S_b + m * X_b, where S_b = sum over the block's columns, in
-           order, of q * x (one fused multiply-add chain from 0) and X_b the block's sum of x;
-     Q8_0: the same without m; F32: one chain over all columns. Then + bias.
-   Factoring the scale out of the block is what makes the 4-bit product cheap: the inner loop converts a nibble
-   and multiplies-adds, nothing else. */
+   Numerics, the same for every output whatever the batch (bit for bit; native.py's tests pin it): with
+   w = d * q (exact in fp32: a 4- or 8-bit integer times an fp16 scale),
+     y = S + M,  S = sum over all columns k, in order, of w_k * x_k (one fused multiply-add chain from 0),
+                 M = sum over blocks b, in order, of m_b * X_b (Q4_1's min times the block's sum of x; 0 else);
+   F32: S alone. Then + bias. One chain per output and no per-block step inside it keeps the inner loops
+   pure multiply-adds, whether the weights are converted in registers (tile) or once into a panel (panel_tile). */
+#define TILE_R 6       /* most rows of x in one register tile */
+#define PANEL_ROWS 8   /* rows of x from which the panel path (panel_rows) is taken */
+#define PANEL_ROW_BLOCK 96 /* rows of x per pass over the weights in the panel path: 96 x 256 columns, 96 KB (L2) */
+#define PANEL_BLOCKS 8 /* blocks of 32 columns per panel pass: 2 groups x 256 columns x 8 rows = 16 KB */
 static inline int64_t block_bytes(int type) { return type == WP_Q4_1 ? 160 : type == WP_Q8_0 ? 272 : 1024; }
 
 /* The block sums X_b of each row of x (Q4_1's min term), in one fixed order. */
@@ -149,14 +154,36 @@ static void block_sums(const float *x, int D, int64_t K, float *xs) {
 #ifdef WP_SIMD
 #define AI static inline __attribute__((always_inline))
 
+/* Q4_1's min term of G groups x R rows: M = sum over blocks b, in order, of m_b * X_b (one chain from 0). */
+AI void add_min_terms(const uint8_t *w, int64_t gs, const float *xs, int64_t nb, const int G, const int R,
+                      __m256 s[][TILE_R], int first_group) {
+    __m256 mt[8][TILE_R];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) mt[i][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i++) {
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (first_group + i) * gs + b * 160 + 16)));
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) mt[i][r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), mt[i][r]);
+        }
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) s[i][r] = _mm256_add_ps(s[i][r], mt[i][r]);
+}
+
 /* A register tile: G groups (8 output rows each, at w, gs bytes apart) times R rows of x (K apart). G x R
-   chains of fused multiply-adds hide their latency; the nibbles of a group are converted once for all R rows.
+   chains of fused multiply-adds hide their latency; the quants of a group are converted once for all R rows.
    y[r * ldy + 8 i + j] for output row j of group i. pf: the next tile's weights, fetched ahead a block at a
    time (a decode step streams the weights from memory once). */
 AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64_t K, const float *xs, const int G,
              const int R, float *y, int64_t ldy, const uint8_t *pf) {
     const int64_t nb = K / 32, bb = block_bytes(TYPE);
-    __m256 s[8][4];
+    __m256 s[8][TILE_R];
+    float dv[8][8] __attribute__((aligned(32))); /* the block's scales of each group, as floats */
 #pragma GCC unroll 8
     for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
@@ -166,18 +193,23 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
             for (int64_t o = 0; o < G * bb; o += 64) __builtin_prefetch(pf + b * G * bb + o);
         const float *xb = x + b * 32;
         const uint8_t *blk = w + b * bb;
+        if (TYPE != WP_F32)
+#pragma GCC unroll 8
+            for (int i = 0; i < G; i++)
+                _mm256_store_ps(dv[i], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs))));
         if (TYPE == WP_Q4_1) {
 #pragma GCC unroll 2
             for (int p = 0; p < 16; p++) {
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) { /* column 2p + h: the low nibble, then the high one */
-                    __m256 xv[4];
+                    __m256 xv[TILE_R];
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + 2 * p + h);
 #pragma GCC unroll 8
                     for (int i = 0; i < G; i++) {
                         const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 32 + 8 * p)));
-                        const __m256 wv = _mm256_cvtepi32_ps(h ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(15)));
+                        const __m256 qf = _mm256_cvtepi32_ps(h ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(15)));
+                        const __m256 wv = _mm256_mul_ps(qf, _mm256_load_ps(dv[i])); /* d * q: exact in fp32 */
 #pragma GCC unroll 4
                         for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
                     }
@@ -186,13 +218,14 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
         } else if (TYPE == WP_Q8_0) {
 #pragma GCC unroll 4
             for (int k = 0; k < 32; k++) {
-                __m256 xv[4];
+                __m256 xv[TILE_R];
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
 #pragma GCC unroll 8
                 for (int i = 0; i < G; i++) {
-                    const __m256 wv = _mm256_cvtepi32_ps(
+                    const __m256 qf = _mm256_cvtepi32_ps(
                         _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 16 + 8 * k))));
+                    const __m256 wv = _mm256_mul_ps(qf, _mm256_load_ps(dv[i]));
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
                 }
@@ -200,7 +233,7 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
         } else {
 #pragma GCC unroll 4
             for (int k = 0; k < 32; k++) {
-                __m256 xv[4];
+                __m256 xv[TILE_R];
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
 #pragma GCC unroll 8
@@ -211,29 +244,12 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
                 }
             }
         }
-        if (TYPE == WP_F32) continue;
-        /* The block's scale (and min) applied once to its sums; the running total lives in y. */
-#pragma GCC unroll 8
-        for (int i = 0; i < G; i++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs)));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                float *yp = y + r * ldy + 8 * i;
-                __m256 t = _mm256_fmadd_ps(d, s[i][r], b ? _mm256_loadu_ps(yp) : _mm256_setzero_ps());
-                if (TYPE == WP_Q4_1) {
-                    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs + 16)));
-                    t = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), t);
-                }
-                _mm256_storeu_ps(yp, t);
-                s[i][r] = _mm256_setzero_ps();
-            }
-        }
     }
-    if (TYPE == WP_F32)
+    if (TYPE == WP_Q4_1) add_min_terms(w, gs, xs, nb, G, R, s, 0);
 #pragma GCC unroll 8
-        for (int i = 0; i < G; i++)
+    for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, s[i][r]);
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, s[i][r]);
 }
 
 /* Groups g0..g1 (whole groups of 8 rows; y at group g0's outputs) times R rows of x: the widest tile that keeps <= 12 accumulators. */
@@ -265,6 +281,115 @@ static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, fl
         default: tiles_t(W, WP_F32, x, xs, R, y, ldy, g0, g1, fetch); break;
     }
 }
+
+/* Many rows of x (a batch of decodes, a prompt chunk): a pair of groups is converted to weights (d * q) once,
+   PANEL_BLOCKS blocks at a time, into an L1 panel [column][8 rows] per group; tiles of up to 6 rows of x run
+   over it (12 chains; 2 panel loads and 6 broadcasts per 12 multiply-adds), their sums carried from one
+   panel to the next through y. Every output sees exactly tile()'s operations in tile()'s order, so the path
+   taken does not change a single bit. */
+AI void panel_tile(const int TYPE, const float *p0, const float *p1, const uint8_t *w, int64_t gs, const float *x,
+                   int64_t K, const float *xs, int64_t b0, int64_t b1, const int G, const int R, float *y,
+                   int64_t ldy) {
+    const int64_t nb = K / 32;
+    __m256 s[2][TILE_R];
+#pragma GCC unroll 2
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) s[i][r] = b0 ? _mm256_loadu_ps(y + r * ldy + 8 * i) : _mm256_setzero_ps();
+    const float *xb = x + b0 * 32;
+    const int64_t n = (b1 - b0) * 32;
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < n; k++) {
+        const __m256 w0 = _mm256_load_ps(p0 + 8 * k), w1 = G == 2 ? _mm256_load_ps(p1 + 8 * k) : w0;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 xv = _mm256_broadcast_ss(xb + r * K + k);
+            s[0][r] = _mm256_fmadd_ps(w0, xv, s[0][r]);
+            if (G == 2) s[1][r] = _mm256_fmadd_ps(w1, xv, s[1][r]);
+        }
+    }
+    if (TYPE == WP_Q4_1 && b1 == nb) add_min_terms(w, gs, xs, nb, G, R, s, 0);
+#pragma GCC unroll 2
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, s[i][r]);
+}
+
+/* All D rows of x times the whole groups g0..g1 (y at group g0's outputs), through panels of PANEL_BLOCKS
+   blocks (2 groups: 16 KB, L1). panel: 2 x PANEL_BLOCKS x 256 floats, 32-byte aligned. */
+AI void panel_rows_t(const wp_matrix *W, const int TYPE, const float *x, const float *xs, int D, float *y,
+                     int64_t ldy, int64_t g0, int64_t g1, float *panel) {
+    const int64_t K = W->cols, nb = K / 32, bb = block_bytes(TYPE), gs = nb * bb;
+    /* Rows of x in blocks of <= PANEL_ROW_BLOCK (their slice of a panel's columns stays in L2 while every
+       group pair passes over it), each block in tiles of <= 6 rows, as even as possible. */
+    for (int rb0 = 0; rb0 < D; rb0 += PANEL_ROW_BLOCK) {
+        const int DB = D - rb0 < PANEL_ROW_BLOCK ? D - rb0 : PANEL_ROW_BLOCK, T = (DB + 5) / 6;
+        for (int64_t b0 = 0; b0 < nb; b0 += PANEL_BLOCKS) {
+            for (int64_t g = g0; g < g1; g += 2) {
+                const int64_t b1 = b0 + PANEL_BLOCKS < nb ? b0 + PANEL_BLOCKS : nb;
+                const int G = g1 - g >= 2 ? 2 : 1;
+                const uint8_t *wg = W->data + g * gs;
+                const float *p[2] = {panel, panel + PANEL_BLOCKS * 256};
+                if (TYPE == WP_F32) { /* already floats in this layout */
+                    p[0] = (const float *)(wg + b0 * bb), p[1] = (const float *)(wg + gs + b0 * bb);
+                } else {
+                    for (int i = 0; i < G; i++)
+                        for (int64_t b = b0; b < b1; b++) {
+                            const uint8_t *q = wg + i * gs + b * bb;
+                            float *out = panel + i * PANEL_BLOCKS * 256 + (b - b0) * 256;
+                            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)q));
+                            if (TYPE == WP_Q4_1)
+                                for (int c = 0; c < 16; c++) {
+                                    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 32 + 8 * c)));
+                                    const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+                                    _mm256_store_ps(out + 16 * c, _mm256_mul_ps(lo, d));
+                                    _mm256_store_ps(out + 16 * c + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d));
+                                }
+                            else
+                                for (int k = 0; k < 32; k++)
+                                    _mm256_store_ps(out + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                                     _mm_loadl_epi64((const __m128i *)(q + 16 + 8 * k)))), d));
+                        }
+                }
+                for (int t = 0, r0 = rb0; t < T; t++) {
+                    const int R = DB / T + (t < DB % T);
+                    const float *xr = x + (int64_t)r0 * K, *xsr = xs + (int64_t)r0 * nb;
+                    float *yr = y + 8 * (g - g0) + (int64_t)r0 * ldy;
+#define PANEL(G_, R_) panel_tile(TYPE, p[0], p[1], wg, gs, xr, K, xsr, b0, b1, G_, R_, yr, ldy)
+                    switch (G * 8 + R) {
+                        case 17: PANEL(2, 1); break;
+                        case 18: PANEL(2, 2); break;
+                        case 19: PANEL(2, 3); break;
+                        case 20: PANEL(2, 4); break;
+                        case 21: PANEL(2, 5); break;
+                        case 22: PANEL(2, 6); break;
+                        case 9: PANEL(1, 1); break;
+                        case 10: PANEL(1, 2); break;
+                        case 11: PANEL(1, 3); break;
+                        case 12: PANEL(1, 4); break;
+                        case 13: PANEL(1, 5); break;
+                        default: PANEL(1, 6); break;
+                    }
+#undef PANEL
+                    r0 += R;
+                }
+            }
+        }
+    }
+}
+
+static int panel_rows(const wp_matrix *W, const float *x, const float *xs, int D, float *y, int64_t ldy, int64_t g0,
+                      int64_t g1) {
+    float *panel = W->type == WP_F32 ? NULL : (float *)aligned_alloc(32, 2 * PANEL_BLOCKS * 256 * sizeof(float));
+    if (W->type != WP_F32 && !panel) return -1;
+    switch (W->type) {
+        case WP_Q4_1: panel_rows_t(W, WP_Q4_1, x, xs, D, y, ldy, g0, g1, panel); break;
+        case WP_Q8_0: panel_rows_t(W, WP_Q8_0, x, xs, D, y, ldy, g0, g1, panel); break;
+        default: panel_rows_t(W, WP_F32, x, xs, D, y, ldy, g0, g1, panel); break;
+    }
+    free(panel);
+    return 0;
+}
 #else
 /* The portable path: the same sums, one output at a time. */
 static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,
@@ -275,42 +400,36 @@ static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, fl
         for (int j = 0; j < 8; j++)
             for (int r = 0; r < R; r++) {
                 const float *xr = x + (int64_t)r * K;
-                float tot = 0.f;
+                float sum = 0.f, mins = 0.f;
                 for (int64_t b = 0; b < nb; b++) {
                     const uint8_t *blk = W->data + g * gs + b * bb;
-                    float s = 0.f;
+                    const float d = W->type == WP_F32 ? 1.f : load_half(blk + 2 * j);
                     for (int k = 0; k < 32; k++) {
-                        float q;
+                        float wv;
                         if (W->type == WP_Q4_1) {
                             const uint8_t byte = blk[32 + 8 * (k / 2) + j];
-                            q = (float)(k % 2 ? byte >> 4 : byte & 15);
+                            wv = d * (float)(k % 2 ? byte >> 4 : byte & 15);
                         } else if (W->type == WP_Q8_0) {
-                            q = (float)(int8_t)blk[16 + 8 * k + j];
+                            wv = d * (float)(int8_t)blk[16 + 8 * k + j];
                         } else {
-                            float v;
-                            memcpy(&v, blk + 4 * (8 * k + j), 4);
-                            q = v;
+                            memcpy(&wv, blk + 4 * (8 * k + j), 4);
                         }
-                        s += q * xr[b * 32 + k];
+                        sum += wv * xr[b * 32 + k];
                     }
-                    if (W->type == WP_F32) {
-                        tot += s;
-                        continue;
-                    }
-                    tot += load_half(blk + 2 * j) * s;
-                    if (W->type == WP_Q4_1) tot += load_half(blk + 16 + 2 * j) * xs[r * nb + b];
                 }
-                y[(int64_t)r * ldy + 8 * (g - g0) + j] = tot;
+                if (W->type == WP_Q4_1)
+                    for (int64_t b = 0; b < nb; b++) mins += load_half(W->data + g * gs + b * bb + 16 + 2 * j) * xs[r * nb + b];
+                y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
             }
 }
 #endif
 
-/* y[r][n] for rows r0.. (R of them) of x and the groups g0..g1; a last group of fewer than 8 real rows goes
-   through a scratch tile, so nothing is written past row N. */
+/* Rows of x from r0 on (R of them) times the groups g0..g1: whole groups through tiles() (skipped when
+   whole_done), a last group of fewer than 8 real rows through a scratch tile so nothing is written past row N. */
 static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t g0, int64_t g1,
-                          int fetch) {
+                          int fetch, int whole_done) {
     const int64_t N = W->rows, full = N / 8;
-    if (g0 < (g1 < full ? g1 : full)) tiles(W, x, xs, R, y + 8 * g0, N, g0, g1 < full ? g1 : full, fetch);
+    if (!whole_done && g0 < (g1 < full ? g1 : full)) tiles(W, x, xs, R, y + 8 * g0, N, g0, g1 < full ? g1 : full, fetch);
     if (g1 > full) { /* the partial group */
         float tmp[4 * 8];
         tiles(W, x, xs, R, tmp, 8, full, full + 1, 0);
@@ -336,11 +455,18 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
         /* Contiguous group ranges, a multiple of 4 groups each where possible (whole wide tiles). */
         const int64_t per = ((NG + nt - 1) / nt + 3) / 4 * 4;
         const int64_t g0 = t * per < NG ? t * per : NG, g1 = g0 + per < NG ? g0 + per : NG;
+        int whole_done = 0;
+#ifdef WP_SIMD
+        const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
+        /* many rows: convert each weight once, for all of them (else the tiles below, a failed allocation too) */
+        if (D >= PANEL_ROWS && g0 < f1) whole_done = panel_rows(W, x, xs, D, y + 8 * g0, N, g0, f1) == 0;
+#endif
         /* x in tiles of <= 4 rows, as even as possible (16 rows: 4 x 4; 6: 3 + 3). */
         const int T = (D + 3) / 4;
         for (int i = 0, r0 = 0; i < T; i++) {
             const int R = D / T + (i < D % T);
-            matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, R, y + (int64_t)r0 * N, g0, g1, i == 0);
+            matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, R, y + (int64_t)r0 * N, g0, g1, i == 0,
+                          whole_done);
             r0 += R;
         }
         if (W->bias)
@@ -694,8 +820,8 @@ static void silu_mul(const float *gu, int R, int I, float *act) {
 /* A forward pass over S sequences' new tokens, all rows at once: sequence s has tokens
    tokens[seq_rows[s]..seq_rows[s+1]) at positions start[s]..., and block table tables[s] (width entries).
    Each layer's K/V for the new tokens is written into kv. logits [S][vocab] are for each sequence's last
-   new token. For decode (one token each) and short chunks over a cached context (a warm prefix + the few new
-   tokens of an edit); long prefills are the torch path's. Returns 0, -1 out of memory, -2 bad shape. */
+   new token. For decode (one token each), short chunks over a cached context (a warm prefix + the few new
+   tokens of an edit) and short prompts; chunks over long contexts are the torch path's (its attention). Returns 0, -1 out of memory, -2 bad shape. */
 int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *tokens, const int64_t *start,
                const int32_t *tables, int width, float *kv, float *logits, int nthreads) {
     const int Hd = M->hidden, I = M->intermediate, hd = M->head_dim, H = M->num_heads, KVH = M->num_kv_heads;
