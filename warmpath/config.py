@@ -49,8 +49,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
-    # Threads for decode-only steps when serving (memory-bound; a spare core keeps HTTP wake-ups from
-    # stalling them: benchmarks/server_contention.py). Default: num_threads - 1 with 2-4 threads, else all.
+    # Threads for decode-only steps when serving. Default: all, except on the torch decode path with 2-4
+    # threads, where a spare core keeps HTTP wake-ups from stalling them (benchmarks/server_contention.py).
     num_decode_threads: int | None = None
     # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU

@@ -171,3 +171,21 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_ll
             LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="native")
     finally:
         native.load_library.cache_clear()
+
+
+@pytest.mark.parametrize(("kernel", "decode_threads"), [("native", 2), ("torch", 1)])
+def test_serving_decode_steps_thread_count(tiny_llama_dir, kernel, decode_threads):
+    """On 2 threads, decode-only steps keep both with the kernel (measured faster through the server) and
+    leave one to HTTP on the torch path."""
+    from warmpath.engine.async_engine import AsyncEngine
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = AsyncEngine(LLM(str(tiny_llama_dir), dtype="float32", decode_kernel=kernel).engine)
+        try:
+            assert (engine.prefill_threads, engine.decode_threads) == (2, decode_threads)
+        finally:
+            engine.shutdown()
+    finally:
+        torch.set_num_threads(before)

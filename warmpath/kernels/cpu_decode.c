@@ -711,94 +711,118 @@ static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, cons
     }
 }
 
+/* A step's attention layout, the same for every layer: tasks are (sequence, span of SPLIT tokens) for a
+   decode row, all KV heads at once, and (sequence, KV head, span) for a chunk; each writes its partial
+   results ([max score, sum of exp, unnormalized output] per query head and row) at its own place in parts.
+   Planned and allocated once per forward pass. */
+typedef struct {
+    int *first;    /* [S + 1] first task of each sequence */
+    int64_t *poff; /* [S + 1] where its partial results start */
+    int *row_seq;  /* [R] the sequence of each row */
+    float *parts, *work;
+    int64_t scratch; /* floats of work per thread */
+} attn_plan;
+
+static void free_plan(attn_plan *P) { free(P->first), free(P->poff), free(P->row_seq), free(P->parts), free(P->work); }
+
+static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *start, int nthreads,
+                          attn_plan *P) {
+    const int KVH = M->num_kv_heads, hd = M->head_dim, G = M->num_heads / KVH;
+    memset(P, 0, sizeof(*P));
+    P->first = (int *)malloc((size_t)(S + 1) * sizeof(int));
+    P->poff = (int64_t *)malloc((size_t)(S + 1) * sizeof(int64_t));
+    P->row_seq = (int *)malloc((size_t)seq_rows[S] * sizeof(int) + 1);
+    if (!P->first || !P->poff || !P->row_seq) return free_plan(P), -1;
+    P->first[0] = 0, P->poff[0] = 0;
+    for (int sq = 0; sq < S; sq++) {
+        const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+        const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
+        for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) P->row_seq[r] = sq;
+        P->first[sq + 1] = P->first[sq] + (nrows == 1 ? nspan : KVH * nspan); /* a decode row's task: all KV heads */
+        P->poff[sq + 1] = P->poff[sq] + (int64_t)KVH * nspan * nrows * G * (hd + 2);
+    }
+    P->scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > 2 ? G : 2) * SPLIT;
+    P->parts = (float *)malloc((size_t)P->poff[S] * sizeof(float));
+    P->work = (float *)malloc((size_t)nthreads * P->scratch * sizeof(float));
+    if (!P->parts || !P->work) return free_plan(P), -1;
+    return 0;
+}
+
 /* Writes the new rows' K/V into their slots, then attends every query head of every row over its
-   sequence's context. Tasks are (sequence, KV head, span of SPLIT tokens); spans are merged with the usual
-   max/sum rescaling. Rows of sequence s are seq_rows[s]..seq_rows[s+1], at positions start[s]... */
-static int attention(const wp_model *M, int layer, int S, const int32_t *seq_rows, const int64_t *start,
-                     const int32_t *tables, int width, const float *qkv, float *kv, float *out, int nthreads) {
+   sequence's context (the tasks of plan P), then merges each row's spans with the usual max/sum rescaling.
+   Rows of sequence s are seq_rows[s]..seq_rows[s+1], at positions start[s]... */
+static void attention(const wp_model *M, int layer, int S, const int32_t *seq_rows, const int64_t *start,
+                      const int32_t *tables, int width, const float *qkv, float *kv, float *out, int nthreads,
+                      const attn_plan *P) {
     const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size;
     const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd;
     const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok;
     float *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
-    int *first = (int *)malloc((size_t)(S + 1) * sizeof(int)); /* first task of each sequence */
-    int64_t *poff = (int64_t *)malloc((size_t)(S + 1) * sizeof(int64_t)); /* where its partial results go */
-    if (!first || !poff) {
-        free(first), free(poff);
-        return -1;
-    }
-    first[0] = 0, poff[0] = 0;
-    for (int sq = 0; sq < S; sq++) {
-        const int nrows = seq_rows[sq + 1] - seq_rows[sq];
-        for (int i = 0; i < nrows; i++) {
-            const int64_t p = start[sq] + i, r = seq_rows[sq] + i;
+    const int *first = P->first;
+    const int64_t *poff = P->poff;
+    float *parts = P->parts;
+    for (int sq = 0; sq < S; sq++)
+        for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
+            const int64_t p = start[sq] + (r - seq_rows[sq]);
             const int64_t slot = (int64_t)tables[(int64_t)sq * width + p / bs] * bs + p % bs;
-            memcpy(kc + slot * tok, qkv + r * qkv_w + H * hd, tok * sizeof(float));
-            memcpy(vc + slot * tok, qkv + r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
+            memcpy(kc + slot * tok, qkv + (int64_t)r * qkv_w + H * hd, tok * sizeof(float));
+            memcpy(vc + slot * tok, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
         }
-        const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
-        first[sq + 1] = first[sq] + (nrows == 1 ? nspan : KVH * nspan); /* a decode row's task: all KV heads */
-        poff[sq + 1] = poff[sq] + (int64_t)KVH * nspan * nrows * G * (hd + 2);
-    }
     const int tasks = first[S];
-    const int64_t scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > 2 ? G : 2) * SPLIT;
-    float *parts = (float *)malloc((size_t)poff[S] * sizeof(float));
-    float *work = (float *)malloc((size_t)nthreads * scratch * sizeof(float));
-    if (!parts || !work) {
-        free(first), free(poff), free(parts), free(work);
-        return -1;
-    }
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-    for (int task = 0; task < tasks; task++) {
-        int sq = 0;
-        while (first[sq + 1] <= task) sq++;
-        const int nrows = seq_rows[sq + 1] - seq_rows[sq], idx = task - first[sq];
-        const int64_t ctx = start[sq] + nrows, nspan = (ctx + SPLIT - 1) / SPLIT;
-        const int64_t stride = (int64_t)nrows * G * (hd + 2); /* one (KV head, span)'s partial results */
-        const int c = nrows == 1 ? idx : (int)(idx % nspan);
-        const int64_t t0 = (int64_t)c * SPLIT, t1 = t0 + SPLIT < ctx ? t0 + SPLIT : ctx;
-        const float *q = qkv + (int64_t)seq_rows[sq] * qkv_w;
-        const int32_t *table = tables + (int64_t)sq * width;
+#pragma omp parallel num_threads(nthreads)
+    {
         int thread = 0;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
 #endif
-        float *w = work + (int64_t)thread * scratch;
-        if (nrows == 1) { /* decode: too few queries to pay for staging K/V; read them in place, whole rows */
-            for (int g = 0; g < KVH; g++)
-                attend_one_row(q + g * G * hd, kc + g * hd, vc + g * hd, table, bs, tok, G, hd, M->scale, t0, t1, w,
-                               parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok);
-        } else {
-            const int g = (int)(idx / nspan);
-            attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd, table, bs, tok, G, hd,
-                        M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
-                        parts + poff[sq] + idx * stride);
+        float *w = P->work + (int64_t)thread * P->scratch;
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < tasks; task++) {
+            int sq = 0;
+            while (first[sq + 1] <= task) sq++;
+            const int nrows = seq_rows[sq + 1] - seq_rows[sq], idx = task - first[sq];
+            const int64_t ctx = start[sq] + nrows, nspan = (ctx + SPLIT - 1) / SPLIT;
+            const int64_t stride = (int64_t)nrows * G * (hd + 2); /* one (KV head, span)'s partial results */
+            const int c = nrows == 1 ? idx : (int)(idx % nspan);
+            const int64_t t0 = (int64_t)c * SPLIT, t1 = t0 + SPLIT < ctx ? t0 + SPLIT : ctx;
+            const float *q = qkv + (int64_t)seq_rows[sq] * qkv_w;
+            const int32_t *table = tables + (int64_t)sq * width;
+            if (nrows == 1) { /* decode: too few queries to pay for staging K/V; read them in place, whole rows */
+                for (int g = 0; g < KVH; g++)
+                    attend_one_row(q + g * G * hd, kc + g * hd, vc + g * hd, table, bs, tok, G, hd, M->scale, t0, t1,
+                                   w, parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok);
+            } else {
+                const int g = (int)(idx / nspan);
+                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd, table, bs, tok, G,
+                            hd, M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
+                            parts + poff[sq] + idx * stride);
+            }
         }
-    }
-    for (int sq = 0; sq < S; sq++) {
-        const int nrows = seq_rows[sq + 1] - seq_rows[sq];
-        const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
-        for (int i = 0; i < nrows; i++)
+        /* The merge, a row per iteration (a prompt chunk has hundreds). */
+#pragma omp for schedule(static)
+        for (int r = 0; r < seq_rows[S]; r++) {
+            const int sq = P->row_seq[r], nrows = seq_rows[sq + 1] - seq_rows[sq], i = r - seq_rows[sq];
+            const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
+            const int64_t stride = (int64_t)nrows * G * (hd + 2); /* from one span's task to the next */
             for (int h = 0; h < H; h++) {
                 const int g = h / G, j = h % G;
-                const int64_t stride = (int64_t)nrows * G * (hd + 2); /* from one span's task to the next */
                 const float *p0 = parts + poff[sq] + (int64_t)g * nspan * stride + ((int64_t)i * G + j) * (hd + 2);
                 float mx = -INFINITY, sum = 0.f;
                 for (int c = 0; c < nspan; c++) mx = p0[c * stride] > mx ? p0[c * stride] : mx;
-                float *o = out + ((int64_t)seq_rows[sq] + i) * H * hd + h * hd;
+                float *o = out + (int64_t)r * H * hd + h * hd;
                 for (int d = 0; d < hd; d++) o[d] = 0.f;
                 for (int c = 0; c < nspan; c++) {
                     const float *pc = p0 + c * stride;
                     if (pc[1] == 0.f) continue; /* a span wholly after this row's position */
-                    const float w = expf(pc[0] - mx);
-                    sum += w * pc[1];
-                    for (int d = 0; d < hd; d++) o[d] += w * pc[2 + d];
+                    const float wt = expf(pc[0] - mx);
+                    sum += wt * pc[1];
+                    for (int d = 0; d < hd; d++) o[d] += wt * pc[2 + d];
                 }
                 const float inv = 1.0f / sum;
                 for (int d = 0; d < hd; d++) o[d] *= inv;
             }
+        }
     }
-    free(first), free(poff), free(parts), free(work);
-    return 0;
 }
 
 static void silu_mul(const float *gu, int R, int I, float *act) {
@@ -835,6 +859,11 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
 
     for (int r = 0; r < R; r++) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
     const float *cos_t = M->rope, *sin_t = M->rope + (int64_t)M->max_positions * hd;
+    attn_plan plan;
+    if (plan_attention(M, S, seq_rows, start, nthreads, &plan)) {
+        free(buf);
+        return -1;
+    }
     int rc = 0;
     for (int l = 0; l < M->num_layers && !rc; l++) {
         const wp_layer *L = &M->layers[l];
@@ -845,7 +874,7 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
                 const int64_t p = start[sq] + (r - seq_rows[sq]);
                 for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
             }
-        if ((rc = attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads))) break;
+        attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads, &plan);
         if ((rc = matmul(&L->o, att, R, h, nthreads))) break;
         for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
         rms_norm(x, L->post_attention_norm, M->eps, R, Hd, h);
@@ -860,6 +889,7 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
         rms_norm(last, M->norm, M->eps, S, Hd, h);
         rc = matmul(&M->head, h, S, logits, nthreads);
     }
+    free_plan(&plan);
     free(buf);
     return rc;
 }
