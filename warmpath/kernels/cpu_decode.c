@@ -477,7 +477,12 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
     return 0;
 }
 
-static void rms_norm(const float *x, const float *w, float eps, int D, int H, float *out) {
+/* Rows of per-row work (norms, RoPE, SiLU, residuals) are split over the threads when there are many
+   (a prompt chunk); a few decode rows are not worth a parallel region. */
+#define PAR_ROWS 16
+
+static void rms_norm(const float *x, const float *w, float eps, int D, int H, float *out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (D >= PAR_ROWS) schedule(static)
     for (int r = 0; r < D; r++) {
         const float *xr = x + (int64_t)r * H;
         double ss = 0.0;
@@ -485,6 +490,13 @@ static void rms_norm(const float *x, const float *w, float eps, int D, int H, fl
         const float inv = 1.0f / sqrtf((float)(ss / H) + eps);
         for (int i = 0; i < H; i++) out[(int64_t)r * H + i] = w[i] * (xr[i] * inv);
     }
+}
+
+/* x += h, rows of H values. */
+static void add_rows(float *x, const float *h, int R, int H, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (R >= PAR_ROWS) schedule(static)
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < H; i++) x[(int64_t)r * H + i] += h[(int64_t)r * H + i];
 }
 
 static void rope(float *v, const float *cos, const float *sin, int hd) {
@@ -825,7 +837,8 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
     }
 }
 
-static void silu_mul(const float *gu, int R, int I, float *act) {
+static void silu_mul(const float *gu, int R, int I, float *act, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (R >= PAR_ROWS) schedule(static)
     for (int r = 0; r < R; r++) {
         const float *g = gu + (int64_t)r * 2 * I, *u = g + I;
         float *a = act + (int64_t)r * I;
@@ -867,26 +880,27 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
     int rc = 0;
     for (int l = 0; l < M->num_layers && !rc; l++) {
         const wp_layer *L = &M->layers[l];
-        rms_norm(x, L->input_norm, M->eps, R, Hd, h);
+        rms_norm(x, L->input_norm, M->eps, R, Hd, h, nthreads);
         if ((rc = matmul(&L->qkv, h, R, qkv, nthreads))) break;
-        for (int sq = 0; sq < S; sq++)
-            for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
-                const int64_t p = start[sq] + (r - seq_rows[sq]);
-                for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
-            }
+#pragma omp parallel for num_threads(nthreads) if (R >= PAR_ROWS) schedule(static)
+        for (int r = 0; r < R; r++) {
+            const int sq = plan.row_seq[r];
+            const int64_t p = start[sq] + (r - seq_rows[sq]);
+            for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
+        }
         attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads, &plan);
         if ((rc = matmul(&L->o, att, R, h, nthreads))) break;
-        for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
-        rms_norm(x, L->post_attention_norm, M->eps, R, Hd, h);
+        add_rows(x, h, R, Hd, nthreads);
+        rms_norm(x, L->post_attention_norm, M->eps, R, Hd, h, nthreads);
         if ((rc = matmul(&L->gate_up, h, R, gu, nthreads))) break;
-        silu_mul(gu, R, I, act);
+        silu_mul(gu, R, I, act, nthreads);
         if ((rc = matmul(&L->down, act, R, h, nthreads))) break;
-        for (int64_t i = 0; i < (int64_t)R * Hd; i++) x[i] += h[i];
+        add_rows(x, h, R, Hd, nthreads);
     }
     if (!rc) {
         for (int sq = 0; sq < S; sq++)
             memcpy(last + (int64_t)sq * Hd, x + (int64_t)(seq_rows[sq + 1] - 1) * Hd, Hd * sizeof(float));
-        rms_norm(last, M->norm, M->eps, S, Hd, h);
+        rms_norm(last, M->norm, M->eps, S, Hd, h, nthreads);
         rc = matmul(&M->head, h, S, logits, nthreads);
     }
     free_plan(&plan);
