@@ -215,7 +215,7 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
                     }
                 }
             }
-        } else if (TYPE == WP_Q8_0) {
+        } else { /* Q8_0 (d * q) and F32: one column at a time */
 #pragma GCC unroll 4
             for (int k = 0; k < 32; k++) {
                 __m256 xv[TILE_R];
@@ -223,22 +223,12 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
                 for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
 #pragma GCC unroll 8
                 for (int i = 0; i < G; i++) {
-                    const __m256 qf = _mm256_cvtepi32_ps(
-                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 16 + 8 * k))));
-                    const __m256 wv = _mm256_mul_ps(qf, _mm256_load_ps(dv[i]));
-#pragma GCC unroll 4
-                    for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
-                }
-            }
-        } else {
-#pragma GCC unroll 4
-            for (int k = 0; k < 32; k++) {
-                __m256 xv[TILE_R];
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
-#pragma GCC unroll 8
-                for (int i = 0; i < G; i++) {
-                    const __m256 wv = _mm256_loadu_ps((const float *)(blk + i * gs) + 8 * k);
+                    const __m256 wv =
+                        TYPE == WP_Q8_0
+                            ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                _mm_loadl_epi64((const __m128i *)(blk + i * gs + 16 + 8 * k)))),
+                                            _mm256_load_ps(dv[i]))
+                            : _mm256_loadu_ps((const float *)(blk + i * gs) + 8 * k);
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
                 }
