@@ -1,9 +1,11 @@
-"""How far bf16 greedy decoding agrees with the fp32 transformers reference on the 8 real-code prompts.
+"""How far reduced-precision greedy decoding agrees with the fp32 transformers reference on the 8 real-code prompts:
+bf16 (where the CPU has it), or the native kernel's int8 activations.
 
     python benchmarks/bf16_agreement.py [--dtype bfloat16]
+    python benchmarks/bf16_agreement.py --dtype float32 --kernel-activations int8
 
 For each prompt: tokens identical before the first divergence, and whether the divergence happened at a
-position where the reference's top-1/top-2 margin was small (bf16 rounding legitimately flips those).
+position where the reference's top-1/top-2 margin was small (bf16 or int8 rounding legitimately flips those).
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ DATA = Path(__file__).parents[1] / "tests" / "data" / "greedy_reference.json"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--json", default="benchmarks/results/bf16_agreement.json")
+    ap.add_argument("--kernel-activations", default="fp32", choices=["fp32", "int8"])
+    ap.add_argument("--json", default=None, help="default: benchmarks/results/{bf16,int8}_agreement.json")
     args = ap.parse_args()
+    mode = "int8 activations" if args.kernel_activations == "int8" else args.dtype
+    json_path = args.json or f"benchmarks/results/{'int8' if args.kernel_activations == 'int8' else 'bf16'}_agreement.json"
     cases = json.loads(DATA.read_text())["cases"]
-    llm = LLM("smollm2", dtype=args.dtype)
+    llm = LLM("smollm2", dtype=args.dtype, kernel_activations=args.kernel_activations)
+    if args.kernel_activations == "int8" and (llm.engine.runner.native is None):
+        raise SystemExit("int8 activations need the native kernel (a float32 model on the CPU)")
     sp = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases], sp)
     rows = []
@@ -40,11 +47,12 @@ def main() -> None:
         print(f"| {c['name']} | {len(c['prompt_ids'])} | {first} | {m} | {equal}/32 |")
     full = sum(r["identical_prefix"] == 32 for r in rows)
     mean = sum(r["identical_prefix"] for r in rows) / len(rows)
-    print(f"\n{args.dtype}: {full}/{len(rows)} prompts identical for all 32 tokens; "
+    print(f"\n{mode}: {full}/{len(rows)} prompts identical for all 32 tokens; "
           f"mean identical prefix {mean:.1f} tokens")
-    out = Path(args.json)
+    out = Path(json_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"dtype": args.dtype, "cases": rows}, indent=2))
+    out.write_text(json.dumps({"dtype": args.dtype, "kernel_activations": args.kernel_activations, "cases": rows},
+                              indent=2))
 
 
 if __name__ == "__main__":

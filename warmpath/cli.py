@@ -55,10 +55,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     engine = Engine(cfg)
     m = engine.model_config
+    native = engine.runner.native
+    kernel = f"native, {native.activations} activations" if native else "torch"
     print(f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} layers, "
           f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
           f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
-          f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens", flush=True)
+          f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens, kernel: {kernel}", flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level.lower(), access_log=False)

@@ -60,6 +60,36 @@ def test_matrix_product_equals_the_dequantized_weights_product(fmt, rows_of_x, k
     torch.testing.assert_close(matmul(q, x, threads=2).double(), ref, rtol=1e-5, atol=1e-4)
 
 
+def int8_activation_reference(q: QuantizedMatrix, x: torch.Tensor) -> torch.Tensor:
+    """cpu_decode.c's "Int8 activations" in torch: x quantized per block of 32 (dx = max|x| / 127, round half to
+    even), exact integer block sums against the quants, each scaled by d * dx; Q4_1's min term from the fp32 x."""
+    D, nb = x.shape[0], q.cols // 32
+    blocks = q.data.view(q.rows, nb, 20)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)  # [rows, blocks]
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
+    quants = torch.cat([blocks[..., 4:] & 0x0F, blocks[..., 4:] >> 4], dim=-1).long()  # [rows, blocks, 32]
+    xb = x.float().view(D, nb, 32)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(xb * inv[..., None]).long()  # [D, blocks, 32]
+    sums = torch.einsum("rbk,dbk->drb", quants, xq).double()  # exact integers
+    scale = (d[None] * (amax / 127.0)[:, None, :]).double()  # [D, rows, blocks]: d * dx, rounded in fp32
+    return (scale * sums).sum(-1) + xb.sum(-1).double() @ m.double().T
+
+
+@pytest.mark.parametrize("rows_of_x", [1, 2, 3, 5, 6, 7, 16, 100])
+def test_int8_activation_product_equals_its_reference(rows_of_x, kernel_build):
+    torch.manual_seed(0)
+    q = random_blocks("q4_1", 100, 96)
+    x = torch.randn(rows_of_x, 96)
+    x[0, :32] = 0.0  # an all-zero block: scale 0, no division by zero
+    got = matmul(q, x, threads=2, activations="int8").double()
+    torch.testing.assert_close(got, int8_activation_reference(q, x), rtol=1e-5, atol=1e-4)
+    # and close to the fp32 product: the activations' rounding is the only difference
+    exact = x.double() @ q.dequantize().double().T
+    assert (got - exact).abs().max() < 0.02 * exact.abs().max()
+
+
 def test_gguf_blocks_are_kept_and_decode_to_the_loaded_weights(tmp_path):
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     ckpt = load_checkpoint(str(path), torch.float32)
@@ -101,16 +131,17 @@ def test_a_step_equals_the_torch_models(model_dir, request, kernel_build):
     assert out.argmax(-1).tolist() == ref.argmax(-1).tolist()
 
 
-def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path):
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, activations):
     """Bit for bit, over the GGUF's Q4_1 and Q8_0 blocks: up to 7 rows of a step run in register tiles, 8 or
-    more through converted panels, a prompt chunk beside decodes too."""
+    more through converted panels (fp32) or 6-row int8 tiles, a prompt chunk beside decodes too."""
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     ckpt = load_checkpoint(str(path), torch.float32)
     llm = LLM(str(path), dtype="float32", decode_kernel="torch", num_kv_blocks=160)
     model, cfg = llm.engine.model, llm.model_config
     kv = allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
-    kernel = NativeDecoder(model, ckpt.quantized, kv, 16)
+    kernel = NativeDecoder(model, ckpt.quantized, kv, 16, activations=activations)
     assert kernel.weight_kinds == ["f32", "q4_1", "q8_0"]
     seqs = []
     for i, n_ctx in enumerate((40, 3, 150, 17, 64, 90, 8, 33)):
@@ -128,15 +159,23 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path):
     alone = decode(seqs[:1])[0]
     for batch in (seqs[:3], seqs[:4], seqs[:5], seqs[:7], seqs, [*seqs, chunk]):
         assert torch.equal(decode(batch)[0], alone)
+    if activations == "int8":  # near the fp32 kernel's: only the activations' rounding differs
+        exact = NativeDecoder(model, ckpt.quantized, kv, 16)
+        kv[:] = before
+        ref = exact.forward(*map(list, zip(*seqs[:1], strict=True)))[0]
+        assert not torch.equal(alone, ref) and (alone - ref).abs().max() < 0.05 * ref.abs().max()
 
 
-def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir):
-    """Prompts admitted while others decode: steps carry prompt chunks over long contexts (torch) beside
-    short prompts' chunks and decodes (native). Every request gets the tokens it gets alone, and the pool is
-    whole afterwards."""
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, activations):
+    """Prompts admitted while others decode: steps carry prompt chunks over long contexts (torch with fp32
+    activations, the kernel with int8) beside short prompts' chunks and decodes (native). Every request gets
+    the tokens it gets alone, and the pool is whole afterwards."""
     llm = LLM(str(tiny_long_dir), dtype="float32", decode_kernel="native", max_num_batched_tokens=48,
-              num_kv_blocks=400)
-    assert llm.engine.runner.native is not None
+              num_kv_blocks=400, kernel_activations=activations)
+    kernel = llm.engine.runner.native
+    assert kernel.activations == activations
+    assert kernel.takes(48, native.NATIVE_CONTEXT) == (activations == "int8")
     tok = llm.get_tokenizer()
     prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + 12 * i))} for i in range(6)]
     lengths = [len(p["prompt_token_ids"]) for p in prompts]
@@ -155,6 +194,20 @@ def test_decode_kernel_settings(tiny_llama_dir):
         LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="fast")
     with pytest.raises(ValueError, match="float32"):
         LLM(str(tiny_llama_dir), dtype="bfloat16", decode_kernel="native")
+
+
+def test_kernel_activations_settings(tiny_llama_dir):
+    """fp32 activations when float32 is asked for (exact); int8 on request, and by default when dtype is auto
+    and resolves to fp32 (a CPU without bf16)."""
+    assert LLM(str(tiny_llama_dir), dtype="float32").engine.runner.native.activations == "fp32"
+    llm = LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int8")
+    assert llm.engine.runner.native.activations == "int8"
+    assert len(llm.generate("def f", GREEDY)[0].token_ids) == 12
+    auto = LLM(str(tiny_llama_dir)).engine
+    if auto.dtype == torch.float32:
+        assert auto.runner.native.activations == "int8"
+    with pytest.raises(ValueError, match="kernel_activations"):
+        LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int4")
 
 
 def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_llama_dir, tmp_path, monkeypatch,

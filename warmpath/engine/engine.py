@@ -22,7 +22,7 @@ from warmpath.engine.request import (
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
-from warmpath.kernels.native import NativeDecoder, NativeKernelError
+from warmpath.kernels.native import ACTIVATIONS, NativeDecoder, NativeKernelError
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.registry import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
@@ -84,14 +84,20 @@ class Engine:
             return None
         if not usable:
             raise ValueError(f"decode_kernel=native needs a float32 model on the CPU; got {self.dtype} on {config.device}")
+        activations = config.kernel_activations
+        if activations == "auto":
+            activations = "int8" if config.dtype == "auto" else "fp32"
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
         try:
-            native = NativeDecoder(model, quantized, kv, config.block_size)
+            native = NativeDecoder(model, quantized, kv, config.block_size, activations=activations)
         except NativeKernelError as e:
             if config.decode_kernel == "native":
                 raise
             log.warning("native decode kernel unavailable, decoding with torch: %s", e)
             return None
-        log.info("decode steps: native kernel over %.0f MB of quantized weights", native.weight_bytes / 1e6)
+        log.info("native kernel over %.0f MB of quantized weights, %s activations", native.weight_bytes / 1e6,
+                 activations)
         return native
 
     @property

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from warmpath.engine.attention import AttentionMetadata, PrefillSpan
-from warmpath.kernels.native import NativeDecoder, takes_native
+from warmpath.kernels.native import NativeDecoder
 from warmpath.models.llama import LlamaForCausalLM
 
 
@@ -36,7 +36,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = kv_cache.device
-        self.native = native  # when set, computes the step's sequences that takes_native() picks
+        self.native = native  # when set, computes the step's sequences that native.takes() picks
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
@@ -103,28 +103,29 @@ class ModelRunner:
 
     def forward(self, seqs: list[SeqInput]) -> torch.Tensor:
         """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs."""
-        short = [s for s in seqs if takes_native(len(s.token_ids), s.num_computed)] if self.native is not None else []
+        native = self.native
+        short = [s for s in seqs if native.takes(len(s.token_ids), s.num_computed)] if native is not None else []
         if not short:
             return self._torch_forward(seqs)
         # Sequences are independent (each attends only to its own blocks): decodes, a few new tokens over a
-        # warm prefix and short prompts go through the native kernel, prompt chunks over long contexts through
-        # torch, and the logits are put back in order.
+        # warm prefix and short prompts (every sequence, with int8 activations) go through the native kernel,
+        # prompt chunks over long contexts through torch, and the logits are put back in order.
         for s in short:
             self._check(s)
-        native = self.native.forward([s.token_ids for s in short], [s.num_computed for s in short],
-                                     [s.block_table for s in short])
-        long = [s for s in seqs if not takes_native(len(s.token_ids), s.num_computed)]
-        from_native = iter(native)
+        logits = native.forward([s.token_ids for s in short], [s.num_computed for s in short],
+                                [s.block_table for s in short])
+        long = [s for s in seqs if not native.takes(len(s.token_ids), s.num_computed)]
+        from_native = iter(logits)
         from_torch = iter(self._torch_forward(long) if long else ())
         rows = []
         for s in seqs:
-            if takes_native(len(s.token_ids), s.num_computed):
+            if native.takes(len(s.token_ids), s.num_computed):
                 row = next(from_native)
             else:
                 row = next(from_torch) if s.sample else None
             if s.sample:
                 rows.append(row)
-        return torch.stack(rows) if rows else native[:0]
+        return torch.stack(rows) if rows else logits[:0]
 
     def _torch_forward(self, seqs: list[SeqInput]) -> torch.Tensor:
         x = self.prepare(seqs)

@@ -32,7 +32,7 @@
 enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };
 
 typedef struct {
-    int32_t type, rows, cols, _pad;
+    int32_t type, rows, cols, act; /* act: WP_ACT_INT8 for int8 activations (Q4_1), else 0 */
     const uint8_t *data;
     const float *bias; /* [rows] or NULL */
 } wp_matrix;
@@ -126,11 +126,26 @@ static inline float dot(const float *a, const float *b, int n) {
      y = S + M,  S = sum over all columns k, in order, of w_k * x_k (one fused multiply-add chain from 0),
                  M = sum over blocks b, in order, of m_b * X_b (Q4_1's min times the block's sum of x; 0 else);
    F32: S alone. Then + bias. One chain per output and no per-block step inside it keeps the inner loops
-   pure multiply-adds, whether the weights are converted in registers (tile) or once into a panel (panel_tile). */
+   pure multiply-adds, whether the weights are converted in registers (tile) or once into a panel (panel_tile).
+
+   Int8 activations (a Q4_1 matrix with act = WP_ACT_INT8, native.py pack(..., int8_activations=True)): each row
+   of x is quantized per block of 32 columns, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's Q8
+   activations; round to nearest, ties to even), and
+     y = S8 + M,  S8 = sum over blocks b, in order, of (d_b * dx_b) * I_b (one fused multiply-add chain from 0),
+                  I_b = the block's sum of q_k * xq_k (exact, in integers); M as above, from the fp32 x.
+   Integer products run 32 multiply-adds per instruction (vpmaddubsw) where fp32 runs 8 per FMA: ~1.6x the
+   many-row products on AVX2 without AVX-512 / AMX, at a lower precision (like bf16). Batch-invariant too: a
+   row's quantization depends on the row alone. Its Q4_1 block, 160 bytes: fp16 d[8], fp16 m[8], then 4 x 32
+   bytes; vector v, byte 4j + i = q[j][8v + i] | q[j][8v + 4 + i] << 4 (row j, i = 0..3): the low nibbles are
+   8 rows x columns 8v..8v+3, the high ones 8 rows x columns 8v+4..8v+7. */
+#define WP_ACT_INT8 1
 #define TILE_R 6       /* most rows of x in one register tile */
 #define PANEL_ROWS 8   /* rows of x from which the panel path (panel_rows) is taken */
 #define PANEL_ROW_BLOCK 96 /* rows of x per pass over the weights in the panel path: 96 x 256 columns, 96 KB (L2) */
 #define PANEL_BLOCKS 8 /* blocks of 32 columns per panel pass: 2 groups x 256 columns x 8 rows = 16 KB */
+/* Rows of per-row work (norms, RoPE, SiLU, residuals) are split over the threads when there are many
+   (a prompt chunk); a few decode rows are not worth a parallel region. */
+#define PAR_ROWS 16
 static inline int64_t block_bytes(int type) { return type == WP_Q4_1 ? 160 : type == WP_Q8_0 ? 272 : 1024; }
 
 /* The block sums X_b of each row of x (Q4_1's min term), in one fixed order. */
@@ -380,6 +395,111 @@ static int panel_rows(const wp_matrix *W, const float *x, const float *xs, int D
     free(panel);
     return 0;
 }
+
+/* Int8 activations (a Q4_1 matrix packed with act = WP_ACT_INT8; see "Int8 activations" below): a register tile
+   of G groups x R rows, the quants unpacked to bytes in registers and multiplied 32 at a time (vpmaddubsw:
+   unsigned 4-bit weights x signed 8-bit activations, pairs summed into 16 bits; a block's 8 products per lane
+   stay under 32,767), the block's integer sums then scaled into one fp32 chain per output. */
+AI void tile_i8(const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx, const float *xs,
+                const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
+    const int64_t nb = K / 32;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[4][TILE_R];
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf)
+            for (int64_t o = 0; o < G * 160; o += 64) __builtin_prefetch(pf + b * G * 160 + o);
+        const uint8_t *blk = w + b * 160;
+        const int8_t *xb = xq + b * 32;
+        __m256i s[4][TILE_R];
+#pragma GCC unroll 4
+        for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) s[i][r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+#pragma GCC unroll 4
+            for (int i = 0; i < G; i++) {
+                const __m256i nib = _mm256_loadu_si256((const __m256i *)(blk + i * gs + 32 + 32 * v));
+                const __m256i lo = _mm256_and_si256(nib, low), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low);
+#pragma GCC unroll 6
+                for (int r = 0; r < R; r++) {
+                    int32_t a, c;
+                    memcpy(&a, xb + r * K + 8 * v, 4);
+                    memcpy(&c, xb + r * K + 8 * v + 4, 4);
+                    s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
+                    s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
+                    __asm__("" : "+x"(s[i][r])); /* keep the sums in registers: unpinned, GCC computes all
+                                                    products first and spills them */
+                }
+            }
+#pragma GCC unroll 4
+        for (int i = 0; i < G; i++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs)));
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++)
+                acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * nb + b)),
+                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i][r], ones)), acc[i][r]);
+        }
+    }
+    add_min_terms(w, gs, xs, nb, G, R, acc, 0);
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, acc[i][r]);
+}
+
+/* Groups g0..g1 (whole groups) times R <= TILE_R quantized rows: at most 12 accumulators (sums and chains). */
+static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int R, float *y,
+                     int64_t ldy, int64_t g0, int64_t g1, int fetch) {
+    const int64_t K = W->cols, gs = K / 32 * 160;
+    const uint8_t *end = W->data + g1 * gs;
+    int64_t g = g0;
+#define TILE(G_, R_)                                                                                              \
+    for (; g + G_ <= g1; g += G_) {                                                                               \
+        const uint8_t *next = W->data + (g + G_) * gs;                                                            \
+        tile_i8(W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy,                               \
+                fetch && next + G_ * gs <= end ? next : NULL);                                                    \
+    }
+    switch (R) {
+        case 1: TILE(4, 1) TILE(1, 1) break;
+        case 2: TILE(2, 2) TILE(1, 2) break;
+        case 3: TILE(1, 3) break;
+        case 4: TILE(1, 4) break;
+        case 5: TILE(1, 5) break;
+        default: TILE(1, 6) break;
+    }
+#undef TILE
+}
+
+/* Rows of x to int8, a block of 32 at a time (see "Int8 activations"); the same values as the portable path. */
+static void quantize_rows(const float *x, int D, int64_t K, int8_t *xq, float *dx, int nthreads) {
+    const int64_t nb = K / 32;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#pragma omp parallel for num_threads(nthreads) if (D >= PAR_ROWS) schedule(static)
+    for (int r = 0; r < D; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *p = x + (int64_t)r * K + b * 32;
+            __m256 v[4];
+            for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(p + 8 * j);
+            const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            const float amax = _mm_cvtss_f32(h);
+            dx[r * nb + b] = amax / 127.0f;
+            const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            __m256i q[4];
+            for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id)); /* nearest, ties even */
+            const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(xq + (int64_t)r * K + b * 32), _mm256_permutevar8x32_epi32(packed, perm));
+        }
+}
 #else
 /* The portable path: the same sums, one output at a time. */
 static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,
@@ -412,29 +532,82 @@ static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, fl
                 y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
             }
 }
+
+static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int R, float *y,
+                     int64_t ldy, int64_t g0, int64_t g1, int fetch) {
+    (void)fetch;
+    const int64_t K = W->cols, nb = K / 32, gs = nb * 160;
+    for (int64_t g = g0; g < g1; g++)
+        for (int j = 0; j < 8; j++)
+            for (int r = 0; r < R; r++) {
+                float sum = 0.f, mins = 0.f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const uint8_t *blk = W->data + g * gs + b * 160;
+                    const int8_t *xb = xq + (int64_t)r * K + b * 32;
+                    int32_t s = 0;
+                    for (int k = 0; k < 32; k++) {
+                        const uint8_t byte = blk[32 + 32 * (k / 8) + 4 * j + k % 4];
+                        s += (k % 8 < 4 ? byte & 15 : byte >> 4) * xb[k];
+                    }
+                    sum = fmaf(load_half(blk + 2 * j) * dx[r * nb + b], (float)s, sum);
+                }
+                for (int64_t b = 0; b < nb; b++) mins += load_half(W->data + g * gs + b * 160 + 16 + 2 * j) * xs[r * nb + b];
+                y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
+            }
+}
+
+static void quantize_rows(const float *x, int D, int64_t K, int8_t *xq, float *dx, int nthreads) {
+    (void)nthreads;
+    const int64_t nb = K / 32;
+    for (int r = 0; r < D; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *p = x + (int64_t)r * K + b * 32;
+            float amax = 0.f;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(p[k]));
+            dx[r * nb + b] = amax / 127.0f;
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (int k = 0; k < 32; k++) xq[(int64_t)r * K + b * 32 + k] = (int8_t)lrintf(p[k] * id);
+        }
+}
 #endif
 
-/* Rows of x from r0 on (R of them) times the groups g0..g1: whole groups through tiles() (skipped when
-   whole_done), a last group of fewer than 8 real rows through a scratch tile so nothing is written past row N. */
-static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t g0, int64_t g1,
-                          int fetch, int whole_done) {
-    const int64_t N = W->rows, full = N / 8;
-    if (!whole_done && g0 < (g1 < full ? g1 : full)) tiles(W, x, xs, R, y + 8 * g0, N, g0, g1 < full ? g1 : full, fetch);
+/* Rows of x from r0 on (R of them) times the groups g0..g1: whole groups through tiles() (tiles_i8() for int8
+   activations: xq set; skipped when whole_done), a last group of fewer than 8 real rows through a scratch tile
+   so nothing is written past row N. */
+static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, const int8_t *xq, const float *dx,
+                          int R, float *y, int64_t g0, int64_t g1, int fetch, int whole_done) {
+    const int64_t N = W->rows, full = N / 8, g1w = g1 < full ? g1 : full;
+    if (!whole_done && g0 < g1w) {
+        if (xq) tiles_i8(W, xq, dx, xs, R, y + 8 * g0, N, g0, g1w, fetch);
+        else tiles(W, x, xs, R, y + 8 * g0, N, g0, g1w, fetch);
+    }
     if (g1 > full) { /* the partial group */
-        float tmp[4 * 8];
-        tiles(W, x, xs, R, tmp, 8, full, full + 1, 0);
+        float tmp[TILE_R * 8];
+        if (xq) tiles_i8(W, xq, dx, xs, R, tmp, 8, full, full + 1, 0);
+        else tiles(W, x, xs, R, tmp, 8, full, full + 1, 0);
         for (int r = 0; r < R; r++)
             for (int64_t n = 8 * full; n < N; n++) y[(int64_t)r * N + n] = tmp[r * 8 + (n - 8 * full)];
     }
 }
 
 /* y[D][rows] = x[D][cols] @ W.T (+ bias): the weight groups split over the threads (each weight read once per
-   step, by one thread), every thread running all rows of x in tiles of <= 4 rows. */
+   step, by one thread), every thread running all rows of x: fp32 in tiles of <= 4 rows or, for 8+ rows,
+   panels; int8 activations in tiles of <= 6 rows, over blocks of I8_ROW_BLOCK rows x I8_GROUPS groups (both
+   in L2 while the tiles pass over them). */
+#define I8_ROW_BLOCK 96
+#define I8_GROUPS 16
 static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
     const int64_t N = W->rows, K = W->cols, nb = K / 32, NG = (N + 7) / 8;
+    const int int8 = W->act == WP_ACT_INT8 && W->type == WP_Q4_1;
     float *xs = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
-    if (!xs) return -1;
+    float *dx = int8 ? (float *)malloc((size_t)(D * nb + 1) * sizeof(float)) : NULL;
+    int8_t *xq = int8 ? (int8_t *)malloc((size_t)D * K + 1) : NULL;
+    if (!xs || (int8 && (!dx || !xq))) {
+        free(xs), free(dx), free(xq);
+        return -1;
+    }
     if (W->type == WP_Q4_1) block_sums(x, D, K, xs);
+    if (int8) quantize_rows(x, D, K, xq, dx, nthreads);
 #pragma omp parallel num_threads(nthreads)
     {
         int t = 0, nt = 1;
@@ -445,31 +618,44 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
         /* Contiguous group ranges, a multiple of 4 groups each where possible (whole wide tiles). */
         const int64_t per = ((NG + nt - 1) / nt + 3) / 4 * 4;
         const int64_t g0 = t * per < NG ? t * per : NG, g1 = g0 + per < NG ? g0 + per : NG;
-        int whole_done = 0;
+        if (int8) {
+            /* A few rows (decodes) stream all the thread's groups once, fetching ahead; many rows go by blocks. */
+            const int64_t chunk = D <= TILE_R ? (g1 - g0 > 0 ? g1 - g0 : 1) : I8_GROUPS;
+            for (int rb0 = 0; rb0 < D; rb0 += I8_ROW_BLOCK) {
+                const int DB = D - rb0 < I8_ROW_BLOCK ? D - rb0 : I8_ROW_BLOCK, T = (DB + TILE_R - 1) / TILE_R;
+                for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
+                    const int64_t c1 = c0 + chunk < g1 ? c0 + chunk : g1;
+                    for (int i = 0, r0 = rb0; i < T; i++) { /* tiles of <= 6 rows, as even as possible */
+                        const int R = DB / T + (i < DB % T);
+                        matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, R,
+                                      y + (int64_t)r0 * N, c0, c1, D <= TILE_R && i == 0, 0);
+                        r0 += R;
+                    }
+                }
+            }
+        } else {
+            int whole_done = 0;
 #ifdef WP_SIMD
-        const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
-        /* many rows: convert each weight once, for all of them (else the tiles below, a failed allocation too) */
-        if (D >= PANEL_ROWS && g0 < f1) whole_done = panel_rows(W, x, xs, D, y + 8 * g0, N, g0, f1) == 0;
+            const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
+            /* many rows: convert each weight once, for all of them (else the tiles below, a failed allocation too) */
+            if (D >= PANEL_ROWS && g0 < f1) whole_done = panel_rows(W, x, xs, D, y + 8 * g0, N, g0, f1) == 0;
 #endif
-        /* x in tiles of <= 4 rows, as even as possible (16 rows: 4 x 4; 6: 3 + 3). */
-        const int T = (D + 3) / 4;
-        for (int i = 0, r0 = 0; i < T; i++) {
-            const int R = D / T + (i < D % T);
-            matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, R, y + (int64_t)r0 * N, g0, g1, i == 0,
-                          whole_done);
-            r0 += R;
+            /* x in tiles of <= 4 rows, as even as possible (16 rows: 4 x 4; 6: 3 + 3). */
+            const int T = (D + 3) / 4;
+            for (int i = 0, r0 = 0; i < T; i++) {
+                const int R = D / T + (i < D % T);
+                matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, NULL, NULL, R, y + (int64_t)r0 * N, g0,
+                              g1, i == 0, whole_done);
+                r0 += R;
+            }
         }
         if (W->bias)
             for (int r = 0; r < D; r++)
                 for (int64_t n = 8 * g0; n < 8 * g1 && n < N; n++) y[(int64_t)r * N + n] += W->bias[n];
     }
-    free(xs);
+    free(xs), free(dx), free(xq);
     return 0;
 }
-
-/* Rows of per-row work (norms, RoPE, SiLU, residuals) are split over the threads when there are many
-   (a prompt chunk); a few decode rows are not worth a parallel region. */
-#define PAR_ROWS 16
 
 static void rms_norm(const float *x, const float *w, float eps, int D, int H, float *out, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) if (D >= PAR_ROWS) schedule(static)

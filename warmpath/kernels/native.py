@@ -29,16 +29,14 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
-# Which sequences of a step run here (takes_native): any of at most MAX_CHUNK new tokens (decodes, the new
-# tokens of a warm request), and a prompt chunk whose whole context is at most NATIVE_CONTEXT tokens (its
-# products as fast as torch's GEMMs, in one pass with the step's decodes: measured 0.80x torch's time for a
-# 256-token prompt, 0.90x for 512). Longer contexts go to torch, whose attention over many cached tokens wins.
+# Which sequences of a step run here (NativeDecoder.takes): with fp32 activations, any of at most MAX_CHUNK new
+# tokens (decodes, the new tokens of a warm request), and a prompt chunk whose whole context is at most
+# NATIVE_CONTEXT tokens (its products as fast as torch's GEMMs, in one pass with the step's decodes: measured
+# 0.80x torch's time for a 256-token prompt, 0.90x for 512); longer contexts go to torch, whose attention over
+# many cached tokens wins. With int8 activations every sequence (the products' 2x outweighs the attention:
+# 2,048-token prompt 4.36 vs 5.25 s, 4,000: 13.1 vs 15.1), so a prompt's numerics never depend on its chunks.
 MAX_CHUNK = 32
 NATIVE_CONTEXT = 512
-
-
-def takes_native(num_new: int, num_computed: int) -> bool:
-    return num_new <= MAX_CHUNK or num_computed + num_new <= NATIVE_CONTEXT
 
 
 class NativeKernelError(RuntimeError):
@@ -47,7 +45,7 @@ class NativeKernelError(RuntimeError):
 
 class Matrix(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
-                ("_pad", ctypes.c_int32), ("data", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+                ("act", ctypes.c_int32), ("data", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
 class Layer(ctypes.Structure):
@@ -113,10 +111,11 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 GROUP = 8  # output rows per packed group: one AVX2 vector
 
 
-def pack(q: QuantizedMatrix) -> torch.Tensor:
+def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
     """The kernel's weight layout (cpu_decode.c, "Packed weights"): rows in groups of 8, zero rows padding the
     last; each group a run of its 32-column blocks with the group's 8 rows interleaved, so that one load gives
-    8 rows' values at one column. The same values as the checkpoint's blocks, about the same bytes."""
+    8 rows' values at one column. The same values as the checkpoint's blocks, about the same bytes.
+    int8_activations: Q4_1's nibbles in the order the int8 products read them (cpu_decode.c, "Int8 activations")."""
     if q.cols % BLOCK:
         raise NativeKernelError(f"the native kernel needs rows of a multiple of {BLOCK} values, got {q.cols}")
     groups, nb = -(-q.rows // GROUP), q.cols // BLOCK
@@ -133,20 +132,27 @@ def pack(q: QuantizedMatrix) -> torch.Tensor:
     m = blocks[..., 2:4].reshape(groups, nb, 2 * GROUP)
     nibbles = blocks[..., 4:]  # GGUF: byte i holds column i (low) and column i + 16 (high)
     cols = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [group, block, row, column]
+    if int8_activations:  # vector v: row j's columns 8v..8v+3 (low nibbles) and 8v+4..8v+7 (high)
+        c = cols.view(groups, nb, GROUP, 4, 2, 4)  # [group, block, row, v, half, i]
+        quads = (c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 1, 3, 2, 4).reshape(groups, nb, BLOCK // 2 * GROUP)
+        return torch.cat([d, m, quads], dim=-1).reshape(-1).contiguous()
     pairs = (cols[..., 0::2] | (cols[..., 1::2] << 4)).transpose(-1, -2).reshape(groups, nb, BLOCK // 2 * GROUP)
     return torch.cat([d, m, pairs], dim=-1).reshape(-1).contiguous()
 
 
-def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None = None) -> Matrix:
-    return Matrix(KINDS[q.kind], q.rows, q.cols, 0, _ptr(packed), _ptr(bias))
+def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None = None,
+            int8_activations: bool = False) -> Matrix:
+    return Matrix(KINDS[q.kind], q.rows, q.cols, int(int8_activations), _ptr(packed), _ptr(bias))
 
 
-def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
-    """x [D, cols] fp32 @ q.T -> [D, rows], through the kernel's matrix product (for tests and benchmarks)."""
+def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None, activations: str = "fp32") -> torch.Tensor:
+    """x [D, cols] fp32 @ q.T -> [D, rows], through the kernel's matrix product (for tests and benchmarks);
+    activations "int8" quantizes x as the kernel's int8 mode does (Q4_1 only)."""
     x = x.float().contiguous()
     y = torch.empty(x.shape[0], q.rows)
-    packed = pack(q)
-    m = _matrix(q, packed)
+    int8 = int8_activations(q, activations)
+    packed = pack(q, int8)
+    m = _matrix(q, packed, None, int8)
     rc = load_library().wp_matmul(ctypes.byref(m), x.data_ptr(), x.shape[0], y.data_ptr(),
                                   threads or torch.get_num_threads())
     if rc != 0:
@@ -154,13 +160,26 @@ def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None) -> t
     return y
 
 
+ACTIVATIONS = ("fp32", "int8")
+
+
+def int8_activations(q: QuantizedMatrix, activations: str) -> bool:
+    """Whether the kernel multiplies q by int8-quantized activations: "int8" mode, for Q4_1 matrices (the
+    layers' products; the Q8_0 LM head and fp32 matrices keep fp32 activations)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    return activations == "int8" and q.kind == "q4_1"
+
+
 class NativeDecoder:
     """Decode steps of one model over one KV cache, in native code."""
 
     def __init__(self, model, quantized: dict[str, QuantizedMatrix], kv_cache: torch.Tensor, block_size: int,
-                 weights: str = "checkpoint"):
+                 weights: str = "checkpoint", activations: str = "fp32"):
         """weights: "checkpoint" reads the checkpoint's own quantized blocks where it has them and the fp32
-        weights elsewhere (both are the values the torch model computes with); "f32" reads fp32 everywhere."""
+        weights elsewhere (both are the values the torch model computes with); "f32" reads fp32 everywhere.
+        activations: "fp32" (exact, the torch model's products up to summation order) or "int8" (the layers' Q4_1
+        products on int8-quantized activations, cpu_decode.c "Int8 activations": faster, less precise)."""
         cfg = model.cfg
         if model.embed.dtype != torch.float32 or kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
             raise NativeKernelError("the native decode kernel needs a float32 model and KV cache on the CPU")
@@ -175,10 +194,11 @@ class NativeDecoder:
             parts = [quantized.get(n) for n in names]
             q = concat_rows(parts) if weights == "checkpoint" and all(p is not None for p in parts) else None
             q = q or QuantizedMatrix("f32", *fused.shape, fused.detach().contiguous())
-            packed = pack(q)
+            int8 = int8_activations(q, activations)
+            packed = pack(q, int8)
             self._keep.append(packed)
             kinds.add(q.kind)
-            return _matrix(q, packed, bias)
+            return _matrix(q, packed, bias, int8)
 
         layers = (Layer * cfg.num_layers)()
         for i, layer in enumerate(model.layers):
@@ -203,7 +223,12 @@ class NativeDecoder:
         packs = [t for t in self._keep if isinstance(t, torch.Tensor) and t.dtype == torch.uint8]
         self.weight_bytes = sum(t.numel() for t in packs)
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
+        self.activations = activations
         self.vocab = cfg.vocab_size
+
+    def takes(self, num_new: int, num_computed: int) -> bool:
+        """Whether a sequence of num_new tokens over num_computed cached ones runs here (see MAX_CHUNK)."""
+        return self.activations == "int8" or num_new <= MAX_CHUNK or num_computed + num_new <= NATIVE_CONTEXT
 
     def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """Sequence i computes its new tokens token_ids[i] at positions starts[i], starts[i] + 1, ... (starts[i]
