@@ -3,6 +3,9 @@ weights' exact values, a decode step equals the torch model's up to summation or
 not depend on what it is batched with, and the engine mixes it with torch prefill correctly."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -242,3 +245,28 @@ def test_serving_decode_steps_thread_count(tiny_llama_dir, kernel, decode_thread
             engine.shutdown()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_serving_releases_the_loading_threads_openmp_pool(tiny_llama_dir):
+    """libgomp stops spinning at barriers once its pools hold more threads than cores (a 16-row decode step
+    then took 1.7x as long), so the thread that loaded the model gives its pool back when the AsyncEngine
+    starts: its worker thread ends. In a fresh process, whose thread count is its own."""
+    script = f"""
+import os, torch
+from warmpath import LLM
+from warmpath.engine.async_engine import AsyncEngine
+torch.set_num_threads(2)
+threads = lambda: len(os.listdir("/proc/self/task"))
+llm = LLM({str(tiny_llama_dir)!r}, dtype="float32")
+x = torch.randn(256, 256)
+(x @ x).sum()  # the loading thread has a pool of 2 (one worker thread)
+loaded = threads()
+engine = AsyncEngine(llm.engine)  # + the step thread, - the worker
+started = threads()
+engine.shutdown()
+print(loaded, started)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    loaded, started = map(int, out.stdout.split())
+    assert started == loaded  # one step thread in, one OpenMP worker out
