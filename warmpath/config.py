@@ -49,8 +49,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
-    # Threads for decode-only steps when serving. Default: all, except on the torch decode path with 2-4
-    # threads, where a spare core keeps HTTP wake-ups from stalling them (benchmarks/server_contention.py).
+    # Threads for decode-only steps when serving. Default: all (measured faster through the server on 2 cores,
+    # kernel and torch path alike, once the loading thread's OpenMP pool is released: async_engine.py).
     num_decode_threads: int | None = None
     # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU

@@ -229,20 +229,22 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_ll
         native.load_library.cache_clear()
 
 
-@pytest.mark.parametrize(("kernel", "decode_threads"), [("native", 2), ("torch", 1)])
-def test_serving_decode_steps_thread_count(tiny_llama_dir, kernel, decode_threads):
-    """On 2 threads, decode-only steps keep both with the kernel (measured faster through the server) and
-    leave one to HTTP on the torch path."""
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+def test_serving_decode_steps_thread_count(tiny_llama_dir, kernel):
+    """Decode-only steps keep every thread by default (measured faster through the server on 2 cores, kernel
+    and torch path alike), and num_decode_threads sets them."""
     from warmpath.engine.async_engine import AsyncEngine
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        engine = AsyncEngine(LLM(str(tiny_llama_dir), dtype="float32", decode_kernel=kernel).engine)
-        try:
-            assert (engine.prefill_threads, engine.decode_threads) == (2, decode_threads)
-        finally:
-            engine.shutdown()
+        for configured, expected in ((None, 2), (1, 1)):
+            llm = LLM(str(tiny_llama_dir), dtype="float32", decode_kernel=kernel, num_decode_threads=configured)
+            engine = AsyncEngine(llm.engine)
+            try:
+                assert (engine.prefill_threads, engine.decode_threads) == (2, expected)
+            finally:
+                engine.shutdown()
     finally:
         torch.set_num_threads(before)
 
