@@ -396,7 +396,7 @@ static int panel_rows(const wp_matrix *W, const float *x, const float *xs, int D
     return 0;
 }
 
-/* Int8 activations (a Q4_1 matrix packed with act = WP_ACT_INT8; see "Int8 activations" below): a register tile
+/* Int8 activations (a Q4_1 matrix packed with act = WP_ACT_INT8; see "Int8 activations" above): a register tile
    of G groups x R rows, the quants unpacked to bytes in registers and multiplied 32 at a time (vpmaddubsw:
    unsigned 4-bit weights x signed 8-bit activations, pairs summed into 16 bits; a block's 8 products per lane
    stay under 32,767), the block's integer sums then scaled into one fp32 chain per output. */
