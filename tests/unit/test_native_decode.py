@@ -67,23 +67,30 @@ def int8_activation_reference(q: QuantizedMatrix, x: torch.Tensor) -> torch.Tens
     """cpu_decode.c's "Int8 activations" in torch: x quantized per block of 32 (dx = max|x| / 127, round half to
     even), exact integer block sums against the quants, each scaled by d * dx; Q4_1's min term from the fp32 x."""
     D, nb = x.shape[0], q.cols // 32
-    blocks = q.data.view(q.rows, nb, 20)
+    blocks = q.data.view(q.rows, nb, {"q4_1": 20, "q8_0": 34}[q.kind])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)  # [rows, blocks]
-    m = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
-    quants = torch.cat([blocks[..., 4:] & 0x0F, blocks[..., 4:] >> 4], dim=-1).long()  # [rows, blocks, 32]
+    if q.kind == "q4_1":
+        quants = torch.cat([blocks[..., 4:] & 0x0F, blocks[..., 4:] >> 4], dim=-1).long()  # [rows, blocks, 32]
+    else:
+        quants = blocks[..., 2:].contiguous().view(torch.int8).long()
     xb = x.float().view(D, nb, 32)
     amax = xb.abs().amax(-1)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     xq = torch.round(xb * inv[..., None]).long()  # [D, blocks, 32]
     sums = torch.einsum("rbk,dbk->drb", quants, xq).double()  # exact integers
     scale = (d[None] * (amax / 127.0)[:, None, :]).double()  # [D, rows, blocks]: d * dx, rounded in fp32
-    return (scale * sums).sum(-1) + xb.sum(-1).double() @ m.double().T
+    y = (scale * sums).sum(-1)
+    if q.kind == "q4_1":
+        m = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
+        y += xb.sum(-1).double() @ m.double().T
+    return y
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows_of_x", [1, 2, 3, 5, 6, 7, 16, 100])
-def test_int8_activation_product_equals_its_reference(rows_of_x, kernel_build):
+def test_int8_activation_product_equals_its_reference(fmt, rows_of_x, kernel_build):
     torch.manual_seed(0)
-    q = random_blocks("q4_1", 100, 96)
+    q = random_blocks(fmt, 100, 96)
     x = torch.randn(rows_of_x, 96)
     x[0, :32] = 0.0  # an all-zero block: scale 0, no division by zero
     got = matmul(q, x, threads=2, activations="int8").double()

@@ -128,16 +128,18 @@ static inline float dot(const float *a, const float *b, int n) {
    F32: S alone. Then + bias. One chain per output and no per-block step inside it keeps the inner loops
    pure multiply-adds, whether the weights are converted in registers (tile) or once into a panel (panel_tile).
 
-   Int8 activations (a Q4_1 matrix with act = WP_ACT_INT8, native.py pack(..., int8_activations=True)): each row
-   of x is quantized per block of 32 columns, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's Q8
-   activations; round to nearest, ties to even), and
+   Int8 activations (a Q4_1 or Q8_0 matrix with act = WP_ACT_INT8, native.py pack(..., int8_activations=True)):
+   each row of x is quantized per block of 32 columns, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
+   Q8 activations; round to nearest, ties to even), and
      y = S8 + M,  S8 = sum over blocks b, in order, of (d_b * dx_b) * I_b (one fused multiply-add chain from 0),
                   I_b = the block's sum of q_k * xq_k (exact, in integers); M as above, from the fp32 x.
-   Integer products run 32 multiply-adds per instruction (vpmaddubsw) where fp32 runs 8 per FMA: ~1.6x the
-   many-row products on AVX2 without AVX-512 / AMX, at a lower precision (like bf16). Batch-invariant too: a
-   row's quantization depends on the row alone. Its Q4_1 block, 160 bytes: fp16 d[8], fp16 m[8], then 4 x 32
-   bytes; vector v, byte 4j + i = q[j][8v + i] | q[j][8v + 4 + i] << 4 (row j, i = 0..3): the low nibbles are
-   8 rows x columns 8v..8v+3, the high ones 8 rows x columns 8v+4..8v+7. */
+   Integer products run 32 multiply-adds per instruction (vpmaddubsw) where fp32 runs 8 per FMA: ~2x the
+   many-row products on AVX2 without AVX-512 / AMX, ~3x one row's, at a lower precision (like bf16).
+   Batch-invariant too: a row's quantization depends on the row alone. The blocks, in 4-column quads:
+     WP_Q4_1: 160 bytes: fp16 d[8], fp16 m[8], then 4 x 32 bytes; vector v, byte 4j + i =
+              q[j][8v + i] | q[j][8v + 4 + i] << 4 (row j, i = 0..3): the low nibbles are 8 rows x columns
+              8v..8v+3, the high ones 8 rows x columns 8v+4..8v+7
+     WP_Q8_0: 272 bytes: fp16 d[8], then 8 x 32 bytes; vector v, byte 4j + i = q[j][4v + i] */
 #define WP_ACT_INT8 1
 #define TILE_R 6       /* most rows of x in one register tile */
 #define PANEL_ROWS 8   /* rows of x from which the panel path (panel_rows) is taken */
@@ -396,13 +398,15 @@ static int panel_rows(const wp_matrix *W, const float *x, const float *xs, int D
     return 0;
 }
 
-/* Int8 activations (a Q4_1 matrix packed with act = WP_ACT_INT8; see "Int8 activations" above): a register tile
-   of G groups x R rows, the quants unpacked to bytes in registers and multiplied 32 at a time (vpmaddubsw:
-   unsigned 4-bit weights x signed 8-bit activations, pairs summed into 16 bits; a block's 8 products per lane
-   stay under 32,767), the block's integer sums then scaled into one fp32 chain per output. */
-AI void tile_i8(const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx, const float *xs,
-                const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
-    const int64_t nb = K / 32;
+/* Int8 activations (a Q4_1 or Q8_0 matrix packed with act = WP_ACT_INT8; see "Int8 activations" above): a
+   register tile of G groups x R rows, 32 multiply-adds per instruction (vpmaddubsw: unsigned x signed bytes,
+   pairs summed into 16 bits), a block's integer sums then scaled into one fp32 chain per output. Q4_1: the
+   nibbles unpacked to bytes in registers (0..15), a block's 8 products per 16-bit lane summed there (< 32,767).
+   Q8_0: signed weights, so |w| times x with w's sign (vpsignb), each product pair widened to 32 bits at once
+   (two would overflow 16). */
+AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx,
+                const float *xs, const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
+    const int64_t nb = K / 32, bb = block_bytes(TYPE);
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 acc[4][TILE_R];
 #pragma GCC unroll 4
@@ -411,41 +415,61 @@ AI void tile_i8(const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const
         for (int r = 0; r < R; r++) acc[i][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         if (pf)
-            for (int64_t o = 0; o < G * 160; o += 64) __builtin_prefetch(pf + b * G * 160 + o);
-        const uint8_t *blk = w + b * 160;
+            for (int64_t o = 0; o < G * bb; o += 64) __builtin_prefetch(pf + b * G * bb + o);
+        const uint8_t *blk = w + b * bb;
         const int8_t *xb = xq + b * 32;
-        __m256i s[4][TILE_R];
+        __m256i s[4][TILE_R]; /* Q4_1: 16-bit sums of pairs; Q8_0: 32-bit sums */
 #pragma GCC unroll 4
         for (int i = 0; i < G; i++)
 #pragma GCC unroll 6
             for (int r = 0; r < R; r++) s[i][r] = _mm256_setzero_si256();
+        if (TYPE == WP_Q4_1) {
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
+            for (int v = 0; v < 4; v++)
 #pragma GCC unroll 4
-            for (int i = 0; i < G; i++) {
-                const __m256i nib = _mm256_loadu_si256((const __m256i *)(blk + i * gs + 32 + 32 * v));
-                const __m256i lo = _mm256_and_si256(nib, low), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low);
+                for (int i = 0; i < G; i++) {
+                    const __m256i nib = _mm256_loadu_si256((const __m256i *)(blk + i * gs + 32 + 32 * v));
+                    const __m256i lo = _mm256_and_si256(nib, low), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low);
 #pragma GCC unroll 6
-                for (int r = 0; r < R; r++) {
-                    int32_t a, c;
-                    memcpy(&a, xb + r * K + 8 * v, 4);
-                    memcpy(&c, xb + r * K + 8 * v + 4, 4);
-                    s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
-                    s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
-                    __asm__("" : "+x"(s[i][r])); /* keep the sums in registers: unpinned, GCC computes all
-                                                    products first and spills them */
+                    for (int r = 0; r < R; r++) {
+                        int32_t a, c;
+                        memcpy(&a, xb + r * K + 8 * v, 4);
+                        memcpy(&c, xb + r * K + 8 * v + 4, 4);
+                        s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
+                        s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
+                        __asm__("" : "+x"(s[i][r])); /* keep the sums in registers: unpinned, GCC computes all
+                                                        products first and spills them */
+                    }
                 }
-            }
+        } else {
+#pragma GCC unroll 4
+            for (int v = 0; v < 8; v++)
+#pragma GCC unroll 4
+                for (int i = 0; i < G; i++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + i * gs + 16 + 32 * v));
+                    const __m256i aq = _mm256_abs_epi8(q);
+#pragma GCC unroll 6
+                    for (int r = 0; r < R; r++) {
+                        int32_t a;
+                        memcpy(&a, xb + r * K + 4 * v, 4);
+                        const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_set1_epi32(a), q));
+                        s[i][r] = _mm256_add_epi32(s[i][r], _mm256_madd_epi16(p, ones));
+                        __asm__("" : "+x"(s[i][r]));
+                    }
+                }
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < G; i++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs)));
 #pragma GCC unroll 6
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++) {
+                const __m256i sum = TYPE == WP_Q4_1 ? _mm256_madd_epi16(s[i][r], ones) : s[i][r];
                 acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * nb + b)),
-                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i][r], ones)), acc[i][r]);
+                                            _mm256_cvtepi32_ps(sum), acc[i][r]);
+            }
         }
     }
-    add_min_terms(w, gs, xs, nb, G, R, acc, 0);
+    if (TYPE == WP_Q4_1) add_min_terms(w, gs, xs, nb, G, R, acc, 0);
 #pragma GCC unroll 4
     for (int i = 0; i < G; i++)
 #pragma GCC unroll 6
@@ -453,15 +477,15 @@ AI void tile_i8(const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const
 }
 
 /* Groups g0..g1 (whole groups) times R <= TILE_R quantized rows: at most 12 accumulators (sums and chains). */
-static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int R, float *y,
-                     int64_t ldy, int64_t g0, int64_t g1, int fetch) {
-    const int64_t K = W->cols, gs = K / 32 * 160;
+AI void tiles_i8_t(const wp_matrix *W, const int TYPE, const int8_t *xq, const float *dx, const float *xs, int R,
+                   float *y, int64_t ldy, int64_t g0, int64_t g1, int fetch) {
+    const int64_t K = W->cols, gs = K / 32 * block_bytes(TYPE);
     const uint8_t *end = W->data + g1 * gs;
     int64_t g = g0;
 #define TILE(G_, R_)                                                                                              \
     for (; g + G_ <= g1; g += G_) {                                                                               \
         const uint8_t *next = W->data + (g + G_) * gs;                                                            \
-        tile_i8(W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy,                               \
+        tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy,                         \
                 fetch && next + G_ * gs <= end ? next : NULL);                                                    \
     }
     switch (R) {
@@ -473,6 +497,12 @@ static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, cons
         default: TILE(1, 6) break;
     }
 #undef TILE
+}
+
+static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int R, float *y,
+                     int64_t ldy, int64_t g0, int64_t g1, int fetch) {
+    if (W->type == WP_Q4_1) tiles_i8_t(W, WP_Q4_1, xq, dx, xs, R, y, ldy, g0, g1, fetch);
+    else tiles_i8_t(W, WP_Q8_0, xq, dx, xs, R, y, ldy, g0, g1, fetch);
 }
 
 /* Rows of x to int8, a block of 32 at a time (see "Int8 activations"); the same values as the portable path. */
@@ -536,22 +566,28 @@ static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, fl
 static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int R, float *y,
                      int64_t ldy, int64_t g0, int64_t g1, int fetch) {
     (void)fetch;
-    const int64_t K = W->cols, nb = K / 32, gs = nb * 160;
+    const int q4 = W->type == WP_Q4_1;
+    const int64_t K = W->cols, nb = K / 32, bb = block_bytes(W->type), gs = nb * bb;
     for (int64_t g = g0; g < g1; g++)
         for (int j = 0; j < 8; j++)
             for (int r = 0; r < R; r++) {
                 float sum = 0.f, mins = 0.f;
                 for (int64_t b = 0; b < nb; b++) {
-                    const uint8_t *blk = W->data + g * gs + b * 160;
+                    const uint8_t *blk = W->data + g * gs + b * bb;
                     const int8_t *xb = xq + (int64_t)r * K + b * 32;
                     int32_t s = 0;
                     for (int k = 0; k < 32; k++) {
-                        const uint8_t byte = blk[32 + 32 * (k / 8) + 4 * j + k % 4];
-                        s += (k % 8 < 4 ? byte & 15 : byte >> 4) * xb[k];
+                        if (q4) {
+                            const uint8_t byte = blk[32 + 32 * (k / 8) + 4 * j + k % 4];
+                            s += (k % 8 < 4 ? byte & 15 : byte >> 4) * xb[k];
+                        } else {
+                            s += (int8_t)blk[16 + 32 * (k / 4) + 4 * j + k % 4] * xb[k];
+                        }
                     }
                     sum = fmaf(load_half(blk + 2 * j) * dx[r * nb + b], (float)s, sum);
                 }
-                for (int64_t b = 0; b < nb; b++) mins += load_half(W->data + g * gs + b * 160 + 16 + 2 * j) * xs[r * nb + b];
+                if (q4)
+                    for (int64_t b = 0; b < nb; b++) mins += load_half(W->data + g * gs + b * bb + 16 + 2 * j) * xs[r * nb + b];
                 y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
             }
 }
@@ -598,7 +634,7 @@ static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, c
 #define I8_GROUPS 16
 static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
     const int64_t N = W->rows, K = W->cols, nb = K / 32, NG = (N + 7) / 8;
-    const int int8 = W->act == WP_ACT_INT8 && W->type == WP_Q4_1;
+    const int int8 = W->act == WP_ACT_INT8 && W->type != WP_F32;
     float *xs = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
     float *dx = int8 ? (float *)malloc((size_t)(D * nb + 1) * sizeof(float)) : NULL;
     int8_t *xq = int8 ? (int8_t *)malloc((size_t)D * K + 1) : NULL;

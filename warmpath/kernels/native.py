@@ -115,7 +115,7 @@ def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
     """The kernel's weight layout (cpu_decode.c, "Packed weights"): rows in groups of 8, zero rows padding the
     last; each group a run of its 32-column blocks with the group's 8 rows interleaved, so that one load gives
     8 rows' values at one column. The same values as the checkpoint's blocks, about the same bytes.
-    int8_activations: Q4_1's nibbles in the order the int8 products read them (cpu_decode.c, "Int8 activations")."""
+    int8_activations: the quants in the order the int8 products read them (cpu_decode.c, "Int8 activations")."""
     if q.cols % BLOCK:
         raise NativeKernelError(f"the native kernel needs rows of a multiple of {BLOCK} values, got {q.cols}")
     groups, nb = -(-q.rows // GROUP), q.cols // BLOCK
@@ -127,7 +127,10 @@ def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
     blocks = blocks.view(groups, GROUP, nb, -1).permute(0, 2, 1, 3)  # [group, block, row, bytes]
     d = blocks[..., 0:2].reshape(groups, nb, 2 * GROUP)  # fp16 d of rows 0..7
     if q.kind == "q8_0":
-        qs = blocks[..., 2:].transpose(-1, -2).reshape(groups, nb, BLOCK * GROUP)  # [column][row]
+        if int8_activations:  # vector v: row j's columns 4v..4v+3
+            qs = blocks[..., 2:].reshape(groups, nb, GROUP, 8, 4).transpose(2, 3).reshape(groups, nb, BLOCK * GROUP)
+        else:
+            qs = blocks[..., 2:].transpose(-1, -2).reshape(groups, nb, BLOCK * GROUP)  # [column][row]
         return torch.cat([d, qs], dim=-1).reshape(-1).contiguous()
     m = blocks[..., 2:4].reshape(groups, nb, 2 * GROUP)
     nibbles = blocks[..., 4:]  # GGUF: byte i holds column i (low) and column i + 16 (high)
@@ -147,7 +150,7 @@ def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None 
 
 def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None, activations: str = "fp32") -> torch.Tensor:
     """x [D, cols] fp32 @ q.T -> [D, rows], through the kernel's matrix product (for tests and benchmarks);
-    activations "int8" quantizes x as the kernel's int8 mode does (Q4_1 only)."""
+    activations "int8" quantizes x as the kernel's int8 mode does (Q4_1 and Q8_0)."""
     x = x.float().contiguous()
     y = torch.empty(x.shape[0], q.rows)
     int8 = int8_activations(q, activations)
@@ -164,11 +167,11 @@ ACTIVATIONS = ("fp32", "int8")
 
 
 def int8_activations(q: QuantizedMatrix, activations: str) -> bool:
-    """Whether the kernel multiplies q by int8-quantized activations: "int8" mode, for Q4_1 matrices (the
-    layers' products; the Q8_0 LM head and fp32 matrices keep fp32 activations)."""
+    """Whether the kernel multiplies q by int8-quantized activations: "int8" mode, for the checkpoint's Q4_1 and
+    Q8_0 matrices (fp32 ones keep fp32 activations)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-    return activations == "int8" and q.kind == "q4_1"
+    return activations == "int8" and q.kind in ("q4_1", "q8_0")
 
 
 class NativeDecoder:
