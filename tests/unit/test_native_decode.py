@@ -216,8 +216,9 @@ def test_kernel_activations_settings(tiny_llama_dir):
     auto = LLM(str(tiny_llama_dir)).engine
     if auto.dtype == torch.float32:
         assert auto.runner.native.activations == "int8"
-    with pytest.raises(ValueError, match="kernel_activations"):
-        LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int4")
+    for kernel in ("native", "torch"):  # a bad value is an error even where the kernel is not used
+        with pytest.raises(ValueError, match="kernel_activations"):
+            LLM(str(tiny_llama_dir), dtype="float32", decode_kernel=kernel, kernel_activations="int4")
 
 
 def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_llama_dir, tmp_path, monkeypatch,

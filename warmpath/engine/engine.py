@@ -77,6 +77,8 @@ class Engine:
     def _native_decoder(self, config: EngineConfig, model, quantized, kv) -> NativeDecoder | None:
         if config.decode_kernel not in ("auto", "native", "torch"):
             raise ValueError(f"decode_kernel must be auto, native or torch; got {config.decode_kernel!r}")
+        if config.kernel_activations not in ("auto", *ACTIVATIONS):
+            raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
         if config.decode_kernel == "torch":
             return None
         usable = config.device == "cpu" and self.dtype == torch.float32
@@ -87,8 +89,6 @@ class Engine:
         activations = config.kernel_activations
         if activations == "auto":
             activations = "int8" if config.dtype == "auto" else "fp32"
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
         try:
             native = NativeDecoder(model, quantized, kv, config.block_size, activations=activations)
         except NativeKernelError as e:
