@@ -192,6 +192,19 @@ AI void add_min_terms(const uint8_t *w, int64_t gs, const float *xs, int64_t nb,
         for (int r = 0; r < R; r++) s[i][r] = _mm256_add_ps(s[i][r], mt[i][r]);
 }
 
+/* A register tile's accumulators to zero; the next tile's block b (bytes of all its groups) fetched ahead. */
+AI void zero_tile(__m256 s[][TILE_R], const int G, const int R) {
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) s[i][r] = _mm256_setzero_ps();
+}
+
+AI void fetch_ahead(const uint8_t *pf, int64_t b, int64_t bytes) {
+    if (pf)
+        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(pf + b * bytes + o);
+}
+
 /* A register tile: G groups (8 output rows each, at w, gs bytes apart) times R rows of x (K apart). G x R
    chains of fused multiply-adds hide their latency; the quants of a group are converted once for all R rows.
    y[r * ldy + 8 i + j] for output row j of group i. pf: the next tile's weights, fetched ahead a block at a
@@ -201,13 +214,9 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
     const int64_t nb = K / 32, bb = block_bytes(TYPE);
     __m256 s[8][TILE_R];
     float dv[8][8] __attribute__((aligned(32))); /* the block's scales of each group, as floats */
-#pragma GCC unroll 8
-    for (int i = 0; i < G; i++)
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) s[i][r] = _mm256_setzero_ps();
+    zero_tile(s, G, R);
     for (int64_t b = 0; b < nb; b++) {
-        if (pf)
-            for (int64_t o = 0; o < G * bb; o += 64) __builtin_prefetch(pf + b * G * bb + o);
+        fetch_ahead(pf, b, G * bb);
         const float *xb = x + b * 32;
         const uint8_t *blk = w + b * bb;
         if (TYPE != WP_F32)
@@ -257,36 +266,6 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
     for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, s[i][r]);
-}
-
-/* Groups g0..g1 (whole groups of 8 rows; y at group g0's outputs) times R rows of x: the widest tile that keeps <= 12 accumulators. */
-AI void tiles_t(const wp_matrix *W, const int TYPE, const float *x, const float *xs, int R, float *y, int64_t ldy,
-                int64_t g0, int64_t g1, int fetch) {
-    const int64_t K = W->cols, gs = K / 32 * block_bytes(TYPE);
-    const uint8_t *end = W->data + g1 * gs;
-    int64_t g = g0;
-#define TILE(G_, R_)                                                                                              \
-    for (; g + G_ <= g1; g += G_) {                                                                               \
-        const uint8_t *next = W->data + (g + G_) * gs;                                                            \
-        tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy,                                 \
-             fetch && next + G_ * gs <= end ? next : NULL);                                                       \
-    }
-    switch (R) {
-        case 1: TILE(8, 1) TILE(4, 1) TILE(1, 1) break;
-        case 2: TILE(4, 2) TILE(1, 2) break;
-        case 3: TILE(3, 3) TILE(1, 3) break;
-        default: TILE(2, 4) TILE(1, 4) break;
-    }
-#undef TILE
-}
-
-static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,
-                  int64_t g1, int fetch) {
-    switch (W->type) {
-        case WP_Q4_1: tiles_t(W, WP_Q4_1, x, xs, R, y, ldy, g0, g1, fetch); break;
-        case WP_Q8_0: tiles_t(W, WP_Q8_0, x, xs, R, y, ldy, g0, g1, fetch); break;
-        default: tiles_t(W, WP_F32, x, xs, R, y, ldy, g0, g1, fetch); break;
-    }
 }
 
 /* Many rows of x (a batch of decodes, a prompt chunk): a pair of groups is converted to weights (d * q) once,
@@ -408,17 +387,13 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
                 const float *xs, const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
     const int64_t nb = K / 32, bb = block_bytes(TYPE);
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    __m256 acc[4][TILE_R];
-#pragma GCC unroll 4
-    for (int i = 0; i < G; i++)
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) acc[i][r] = _mm256_setzero_ps();
+    __m256 acc[8][TILE_R]; /* G <= 4 here; 8 keeps tiles_t's (unused) wider shapes in bounds */
+    zero_tile(acc, G, R);
     for (int64_t b = 0; b < nb; b++) {
-        if (pf)
-            for (int64_t o = 0; o < G * bb; o += 64) __builtin_prefetch(pf + b * G * bb + o);
+        fetch_ahead(pf, b, G * bb);
         const uint8_t *blk = w + b * bb;
         const int8_t *xb = xq + b * 32;
-        __m256i s[4][TILE_R]; /* Q4_1: 16-bit sums of pairs; Q8_0: 32-bit sums */
+        __m256i s[8][TILE_R]; /* Q4_1: 16-bit sums of pairs; Q8_0: 32-bit sums */
 #pragma GCC unroll 4
         for (int i = 0; i < G; i++)
 #pragma GCC unroll 6
@@ -476,33 +451,49 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
         for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, acc[i][r]);
 }
 
-/* Groups g0..g1 (whole groups) times R <= TILE_R quantized rows: at most 12 accumulators (sums and chains). */
-AI void tiles_i8_t(const wp_matrix *W, const int TYPE, const int8_t *xq, const float *dx, const float *xs, int R,
-                   float *y, int64_t ldy, int64_t g0, int64_t g1, int fetch) {
+/* Groups g0..g1 (whole groups of 8 rows; y at group g0's outputs) times R rows of x, fp32 (x) or int8 (INT8:
+   xq, dx): the widest tile that keeps <= 12 accumulators (int8: sums and chains). */
+AI void tiles_t(const wp_matrix *W, const int TYPE, const int INT8, const float *x, const float *xs, const int8_t *xq,
+                const float *dx, int R, float *y, int64_t ldy, int64_t g0, int64_t g1, int fetch) {
     const int64_t K = W->cols, gs = K / 32 * block_bytes(TYPE);
     const uint8_t *end = W->data + g1 * gs;
     int64_t g = g0;
 #define TILE(G_, R_)                                                                                              \
     for (; g + G_ <= g1; g += G_) {                                                                               \
-        const uint8_t *next = W->data + (g + G_) * gs;                                                            \
-        tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy,                         \
-                fetch && next + G_ * gs <= end ? next : NULL);                                                    \
+        const uint8_t *next = W->data + (g + G_) * gs, *pf = fetch && next + G_ * gs <= end ? next : NULL;        \
+        if (INT8) tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy, pf);          \
+        else tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy, pf);                      \
     }
-    switch (R) {
-        case 1: TILE(4, 1) TILE(1, 1) break;
-        case 2: TILE(2, 2) TILE(1, 2) break;
-        case 3: TILE(1, 3) break;
-        case 4: TILE(1, 4) break;
-        case 5: TILE(1, 5) break;
-        default: TILE(1, 6) break;
-    }
+    if (INT8) switch (R) {
+            case 1: TILE(4, 1) TILE(1, 1) break;
+            case 2: TILE(2, 2) TILE(1, 2) break;
+            case 3: TILE(1, 3) break;
+            case 4: TILE(1, 4) break;
+            case 5: TILE(1, 5) break;
+            default: TILE(1, 6) break;
+        }
+    else switch (R) {
+            case 1: TILE(8, 1) TILE(4, 1) TILE(1, 1) break;
+            case 2: TILE(4, 2) TILE(1, 2) break;
+            case 3: TILE(3, 3) TILE(1, 3) break;
+            default: TILE(2, 4) TILE(1, 4) break;
+        }
 #undef TILE
+}
+
+static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,
+                  int64_t g1, int fetch) {
+    switch (W->type) {
+        case WP_Q4_1: tiles_t(W, WP_Q4_1, 0, x, xs, NULL, NULL, R, y, ldy, g0, g1, fetch); break;
+        case WP_Q8_0: tiles_t(W, WP_Q8_0, 0, x, xs, NULL, NULL, R, y, ldy, g0, g1, fetch); break;
+        default: tiles_t(W, WP_F32, 0, x, xs, NULL, NULL, R, y, ldy, g0, g1, fetch); break;
+    }
 }
 
 static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int R, float *y,
                      int64_t ldy, int64_t g0, int64_t g1, int fetch) {
-    if (W->type == WP_Q4_1) tiles_i8_t(W, WP_Q4_1, xq, dx, xs, R, y, ldy, g0, g1, fetch);
-    else tiles_i8_t(W, WP_Q8_0, xq, dx, xs, R, y, ldy, g0, g1, fetch);
+    if (W->type == WP_Q4_1) tiles_t(W, WP_Q4_1, 1, NULL, xs, xq, dx, R, y, ldy, g0, g1, fetch);
+    else tiles_t(W, WP_Q8_0, 1, NULL, xs, xq, dx, R, y, ldy, g0, g1, fetch);
 }
 
 /* Rows of x to int8, a block of 32 at a time (see "Int8 activations"); the same values as the portable path. */
