@@ -110,7 +110,7 @@ def permute_for_gguf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, torch.Tensor]]:
+def write_tiny_gguf(path: Path, seed: int = 0, **overrides) -> tuple[Path, dict[str, torch.Tensor]]:
     """A tiny llama GGUF as llama.cpp's converter writes one: permuted Q/K rows, F32 norms, Q8_0 embedding,
     Q4_1 / Q4_0 / F16 matrices, byte-level BPE vocabulary with the `smollm` pre-tokenizer.
 
@@ -121,7 +121,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> tuple[Path, dict[str, torch.Te
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize, quantize
 
-    cfg = tiny_config("llama", tie_word_embeddings=True, hidden_size=64, intermediate_size=128)
+    cfg = tiny_config("llama", tie_word_embeddings=True, hidden_size=64, intermediate_size=128, **overrides)
     hf = tiny_weights(cfg, seed)
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(str(path), "llama")

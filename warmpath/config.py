@@ -62,7 +62,7 @@ class EngineConfig:
     # order of summation; "torch" runs the torch model; "auto": native for a float32 model on the CPU when a
     # C compiler is there, else torch (warmpath/kernels/).
     decode_kernel: str = "auto"
-    # Activations of the native kernel's Q4_1 products: "fp32" (exact: the fp32 weights' values, another order
+    # Activations of the native kernel's Q4_1 / Q8_0 products: "fp32" (exact: the fp32 weights' values, another order
     # of summation), "int8" (each row quantized per block of 32, llama.cpp's Q8 activations: ~2x the products'
     # speed, ~3x a decode's; not token-identical to fp32: benchmarks/bf16_agreement.py --dtype float32
     # --kernel-activations int8), "auto": int8 when dtype is "auto" (the fast default, as bf16 is where the

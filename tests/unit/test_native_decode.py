@@ -177,11 +177,13 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
 
 
 @pytest.mark.parametrize("activations", ["fp32", "int8"])
-def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, activations):
+def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, tmp_path, activations):
     """Prompts admitted while others decode: steps carry prompt chunks over long contexts (torch with fp32
-    activations, the kernel with int8) beside short prompts' chunks and decodes (native). Every request gets
-    the tokens it gets alone, and the pool is whole afterwards."""
-    llm = LLM(str(tiny_long_dir), dtype="float32", decode_kernel="native", max_num_batched_tokens=48,
+    activations, the kernel with int8: a GGUF with Q4_1 / Q8_0 blocks) beside short prompts' chunks and decodes
+    (native). Every request gets the tokens it gets alone, and the pool is whole afterwards."""
+    model = tiny_long_dir if activations == "fp32" else write_tiny_gguf(tmp_path / "long.gguf",
+                                                                        max_position_embeddings=8192)[0]
+    llm = LLM(str(model), dtype="float32", decode_kernel="native", max_num_batched_tokens=48,
               num_kv_blocks=400, kernel_activations=activations)
     kernel = llm.engine.runner.native
     assert kernel.activations == activations
@@ -206,14 +208,18 @@ def test_decode_kernel_settings(tiny_llama_dir):
         LLM(str(tiny_llama_dir), dtype="bfloat16", decode_kernel="native")
 
 
-def test_kernel_activations_settings(tiny_llama_dir):
+def test_kernel_activations_settings(tiny_llama_dir, tmp_path):
     """fp32 activations when float32 is asked for (exact); int8 on request, and by default when dtype is auto
-    and resolves to fp32 (a CPU without bf16)."""
-    assert LLM(str(tiny_llama_dir), dtype="float32").engine.runner.native.activations == "fp32"
-    llm = LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int8")
+    and resolves to fp32 (a CPU without bf16), for a checkpoint with quantized blocks; one without (an fp32 HF
+    directory) has nothing to multiply in int8 and keeps fp32 (long chunks in torch)."""
+    gguf_path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert LLM(str(gguf_path), dtype="float32").engine.runner.native.activations == "fp32"
+    llm = LLM(str(gguf_path), dtype="float32", kernel_activations="int8")
     assert llm.engine.runner.native.activations == "int8"
     assert len(llm.generate("def f", GREEDY)[0].token_ids) == 12
-    auto = LLM(str(tiny_llama_dir)).engine
+    fp32_weights = LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int8").engine.runner.native
+    assert fp32_weights.activations == "fp32" and not fp32_weights.takes(48, native.NATIVE_CONTEXT)
+    auto = LLM(str(gguf_path)).engine
     if auto.dtype == torch.float32:
         assert auto.runner.native.activations == "int8"
     for kernel in ("native", "torch"):  # a bad value is an error even where the kernel is not used

@@ -181,8 +181,9 @@ class NativeDecoder:
                  weights: str = "checkpoint", activations: str = "fp32"):
         """weights: "checkpoint" reads the checkpoint's own quantized blocks where it has them and the fp32
         weights elsewhere (both are the values the torch model computes with); "f32" reads fp32 everywhere.
-        activations: "fp32" (exact, the torch model's products up to summation order) or "int8" (the layers' Q4_1
-        products on int8-quantized activations, cpu_decode.c "Int8 activations": faster, less precise)."""
+        activations: "fp32" (exact, the torch model's products up to summation order) or "int8" (the checkpoint's
+        Q4_1 / Q8_0 products on int8-quantized activations, cpu_decode.c "Int8 activations": faster, less precise;
+        a model with neither, e.g. an fp32 HF directory, stays "fp32")."""
         cfg = model.cfg
         if model.embed.dtype != torch.float32 or kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
             raise NativeKernelError("the native decode kernel needs a float32 model and KV cache on the CPU")
@@ -192,6 +193,7 @@ class NativeDecoder:
         self.kv_cache = kv_cache
         self._keep: list = []  # every tensor the C structs point into
         kinds: set[str] = set()
+        uses_int8: list[bool] = []
 
         def pick(names: list[str], fused: torch.Tensor, bias: torch.Tensor | None = None) -> Matrix:
             parts = [quantized.get(n) for n in names]
@@ -201,6 +203,7 @@ class NativeDecoder:
             packed = pack(q, int8)
             self._keep.append(packed)
             kinds.add(q.kind)
+            uses_int8.append(int8)
             return _matrix(q, packed, bias, int8)
 
         layers = (Layer * cfg.num_layers)()
@@ -226,7 +229,7 @@ class NativeDecoder:
         packs = [t for t in self._keep if isinstance(t, torch.Tensor) and t.dtype == torch.uint8]
         self.weight_bytes = sum(t.numel() for t in packs)
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
-        self.activations = activations
+        self.activations = "int8" if any(uses_int8) else "fp32"  # what the products actually use
         self.vocab = cfg.vocab_size
 
     def takes(self, num_new: int, num_computed: int) -> bool:
