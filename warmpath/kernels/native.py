@@ -26,7 +26,7 @@ from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_ro
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_decode.c")
+SOURCE = Path(__file__).with_name("cpu") / "forward.c"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
 # Which sequences of a step run here (NativeDecoder.takes): with fp32 activations, any of at most MAX_CHUNK new
