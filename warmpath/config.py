@@ -34,6 +34,16 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's own knobs (the simulator builds a Scheduler from these alone)."""
+
+    # Per-step token budget (prefill chunks + decodes): small enough that decoding streams keep moving while a
+    # long prompt prefills, large enough that the prompt's TTFT barely grows (benchmarks/engine_batching.py).
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+
+
 @dataclass
 class EngineConfig:
     model: str = "smollm2"  # a bundled name, a path to a .gguf file, or an HF directory
@@ -43,10 +53,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # overrides kv_cache_memory when set
     kv_cache_memory: int = 1 << 30  # bytes of KV cache (bf16 SmolLM2: ~46k tokens per GiB)
     max_model_len: int | None = None  # default: the model's context length
-    # Per-step token budget (prefill chunks + decodes). 512 on CPU: a 4k prompt's TTFT within ~5% of
-    # unchunked while decoding streams wait ~5x less (benchmarks/engine_batching.py).
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
+    max_num_seqs: int = SchedulerConfig.max_num_seqs
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
     # Threads for decode-only steps when serving. Default: all (measured faster through the server on 2 cores,
@@ -69,6 +77,9 @@ class EngineConfig:
     # CPU has it), fp32 when float32 is asked for.
     kernel_activations: str = "auto"
     seed: int = 0
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 import pytest
 
-from warmpath.engine.kv_cache import BlockPool, NoFreeBlocksError, block_hashes
+from warmpath.engine.block_pool import BlockPool, NoFreeBlocksError, block_hashes
 
 
 def fill(pool: BlockPool, tokens: list[int]) -> list[int]:

@@ -12,10 +12,10 @@ import torch
 from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, SamplingParams
-from warmpath.engine.kv_cache import allocate_kv_cache
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.kernels import native
 from warmpath.kernels.native import NativeDecoder, NativeKernelError, matmul
+from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
 from warmpath.models.registry import load_checkpoint
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import warmpath.engine.kv_cache as kv_cache
+import warmpath.engine.block_pool as kv_cache
 import warmpath.engine.scheduler as scheduler
 from warmpath.cli import main
 from warmpath.config import EngineConfig

@@ -10,7 +10,7 @@ import time
 import torch
 
 from warmpath.config import EngineConfig
-from warmpath.engine.kv_cache import BlockPool, allocate_kv_cache, num_kv_blocks
+from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import (
     FinishReason,
     PromptTooLongError,
@@ -23,6 +23,7 @@ from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.kernels.native import ACTIVATIONS, NativeDecoder, NativeKernelError
+from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.registry import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
@@ -69,7 +70,7 @@ class Engine:
         native = self._native_decoder(config, model, ckpt_quantized, kv)
         del ckpt_quantized
         self.runner = ModelRunner(model, kv, config.block_size, native)
-        self.scheduler = Scheduler(config, self.pool)
+        self.scheduler = Scheduler(config.scheduler_config(), self.pool)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0

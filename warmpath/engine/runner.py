@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from warmpath.engine.attention import AttentionMetadata, PrefillSpan
 from warmpath.kernels.native import NativeDecoder
+from warmpath.models.attention import AttentionMetadata, PrefillSpan
 from warmpath.models.llama import LlamaForCausalLM
 
 

@@ -12,8 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from warmpath.config import EngineConfig
-from warmpath.engine.kv_cache import BlockPool
+from warmpath.config import SchedulerConfig
+from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import FinishReason, Request, RequestStatus
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: BlockPool):
+    def __init__(self, config: SchedulerConfig, pool: BlockPool):
         self.config = config
         self.pool = pool
         self.block_size = pool.block_size

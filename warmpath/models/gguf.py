@@ -11,14 +11,12 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from warmpath.config import ModelConfig
+from warmpath.models.checkpoint import Checkpoint
+from warmpath.models.gguf_meta import read_config, read_tokenizer
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
-from warmpath.models.registry import Checkpoint
-from warmpath.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SUPPORTED_TENSOR_TYPES = {
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,
@@ -91,55 +89,6 @@ def dequantize_tensor(raw: np.ndarray, qtype: GGMLQuantizationType) -> torch.Ten
     if qtype == GGMLQuantizationType.BF16:
         return torch.from_numpy(raw.reshape(-1).copy().view(np.int16)).view(torch.bfloat16).float()
     return torch.from_numpy(np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(-1).copy())
-
-
-def _field(reader: GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def read_config(reader: GGUFReader) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: {SUPPORTED_ARCHITECTURES})")
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    names = {t.name for t in reader.tensors}
-    vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens"))
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_layers=int(_field(reader, f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, f"{arch}.rope.dimension_count", hidden // heads)),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-    )
-
-
-def read_tokenizer(reader: GGUFReader) -> Tokenizer:
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (byte-level BPE 'gpt2' only)")
-    merges = _field(reader, "tokenizer.ggml.merges")
-    if merges is None:
-        raise ValueError("GGUF file has no tokenizer.ggml.merges")
-    return Tokenizer.from_gguf_vocab(
-        tokens=list(_field(reader, "tokenizer.ggml.tokens")),
-        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        merges=list(merges),
-        pre=_field(reader, "tokenizer.ggml.pre", "default"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        chat_template=_field(reader, "tokenizer.chat_template"),
-    )
 
 
 def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING
 
 from warmpath.config import ModelConfig
-from warmpath.models.registry import Checkpoint
+from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ def _first_id(value) -> int | None:
     return value
 
 
-def read_hf_tokenizer(path: Path, cfg: dict) -> Tokenizer:
+def read_hf_tokenizer(path: Path, cfg: dict | None = None) -> Tokenizer:
+    if cfg is None:
+        cfg = json.loads((path / "config.json").read_text())
     tok_cfg_path = path / "tokenizer_config.json"
     tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.is_file() else {}
     tokenizer_json = path / "tokenizer.json"
@@ -76,6 +79,8 @@ def read_hf_tokenizer(path: Path, cfg: dict) -> Tokenizer:
 
 
 def load_hf_dir(path: Path, dtype: torch.dtype) -> Checkpoint:
+    from safetensors.torch import load_file
+
     cfg = json.loads((path / "config.json").read_text())
     config = read_hf_config(cfg)
     files = sorted(path.glob("*.safetensors"))

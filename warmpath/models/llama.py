@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from warmpath.config import ModelConfig
-from warmpath.engine.attention import AttentionMetadata, paged_attention
+from warmpath.models.attention import AttentionMetadata, paged_attention
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

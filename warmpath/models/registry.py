@@ -1,4 +1,5 @@
-"""Model names and paths -> a loaded checkpoint. Where the bundled model lives and how it is fetched."""
+"""Model names and paths -> a loaded checkpoint or just its tokenizer. Where the bundled model lives and how it
+is fetched."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from warmpath.config import ModelConfig, warmpath_home
-from warmpath.models.quant import QuantizedMatrix
+from warmpath.config import warmpath_home
 from warmpath.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # loading weights needs torch; naming, fetching and tokenizers do not
+    import torch
+
+    from warmpath.models.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +53,6 @@ BUNDLED: dict[str, BundledModel] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
 }
-
-
-@dataclass
-class Checkpoint:
-    """What a loader returns: shape, weights in HF naming, tokenizer."""
-
-    config: ModelConfig
-    weights: dict[str, torch.Tensor]
-    tokenizer: Tokenizer
-    source: str
-    # The checkpoint's own quantized blocks of 2-D weights (GGUF Q4_1 / Q8_0), HF-named, for the native decode
-    # kernel; empty for unquantized checkpoints.
-    quantized: dict[str, QuantizedMatrix] = field(default_factory=dict)
 
 
 def models_dir() -> Path:
@@ -148,3 +139,17 @@ def load_checkpoint(spec: str, dtype: torch.dtype) -> Checkpoint:
     from warmpath.models.gguf import load_gguf
 
     return load_gguf(path, dtype)
+
+
+def load_tokenizer(spec: str = "smollm2") -> Tokenizer:
+    """The model's tokenizer alone, without its weights (and without importing torch)."""
+    path = resolve_model(spec)
+    if path.is_dir():
+        from warmpath.models.hf import read_hf_tokenizer
+
+        return read_hf_tokenizer(path)
+    from gguf import GGUFReader
+
+    from warmpath.models.gguf_meta import read_tokenizer
+
+    return read_tokenizer(GGUFReader(path))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from warmpath.client.editor import ClientConfig
 from warmpath.engine.engine import Engine
-from warmpath.engine.kv_cache import BlockPool
+from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import FinishReason, Request, RequestMetrics, SamplingParams
 from warmpath.engine.scheduler import Scheduler
 from warmpath.router.policies import RouteKey, Router

@@ -1,4 +1,5 @@
-"""KV cache memory: how many blocks fit, the cache tensor, and the BlockPool with automatic prefix caching.
+"""The BlockPool: fixed KV blocks with reference counts and automatic prefix caching. Pure Python (the
+simulator runs it too); the tensors the blocks index live in models/kv_cache.py.
 
 Every full block of a sequence gets a chained hash: sha256(parent hash, extra key, the block's token ids). A
 new request reuses the longest chain of cached blocks of its tokens (each hit verified token by token, so a
@@ -15,39 +16,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-
-from warmpath.config import EngineConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
 
 class NoFreeBlocksError(RuntimeError):
     """The pool cannot hand out the blocks asked for."""
-
-
-def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
-    """Blocks from num_kv_blocks, else from the kv_cache_memory byte budget. Logs what it chose."""
-    per_token = model.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
-    per_block = per_token * engine.block_size
-    blocks = engine.num_kv_blocks or max(1, engine.kv_cache_memory // per_block)
-    tokens = blocks * engine.block_size
-    log.info(
-        "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %d bytes/token); fits %.1f 4k-token sessions",
-        blocks,
-        engine.block_size,
-        tokens,
-        blocks * per_block / 2**20,
-        per_token,
-        tokens / 4096,
-    )
-    return blocks
-
-
-def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
-    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
-    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def hash_block(parent: bytes, token_ids: list[int] | tuple[int, ...], extra_key: bytes) -> bytes:

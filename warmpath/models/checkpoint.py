@@ -1,0 +1,25 @@
+"""What a loader returns: the model's shape, its weights in HF naming, its tokenizer (and quantized blocks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from warmpath.config import ModelConfig
+from warmpath.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from warmpath.models.quant import QuantizedMatrix
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    source: str
+    # The checkpoint's own quantized blocks of 2-D weights (GGUF Q4_1 / Q8_0), HF-named, for the native
+    # kernel; empty for unquantized checkpoints.
+    quantized: dict[str, QuantizedMatrix] = field(default_factory=dict)

@@ -1,0 +1,59 @@
+"""GGUF metadata without the tensors: the model's shape and its tokenizer (no torch needed to read them)."""
+
+from __future__ import annotations
+
+from gguf import GGUFReader
+
+from warmpath.config import ModelConfig
+from warmpath.models.tokenizer import Tokenizer
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+
+def gguf_field(reader: GGUFReader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def read_config(reader: GGUFReader) -> ModelConfig:
+    arch = gguf_field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: {SUPPORTED_ARCHITECTURES})")
+    hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
+    heads = int(gguf_field(reader, f"{arch}.attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    vocab = gguf_field(reader, f"{arch}.vocab_size") or len(gguf_field(reader, "tokenizer.ggml.tokens"))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(gguf_field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(gguf_field(reader, f"{arch}.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(gguf_field(reader, f"{arch}.rope.dimension_count", hidden // heads)),
+        rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+    )
+
+
+def read_tokenizer(reader: GGUFReader) -> Tokenizer:
+    kind = gguf_field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (byte-level BPE 'gpt2' only)")
+    merges = gguf_field(reader, "tokenizer.ggml.merges")
+    if merges is None:
+        raise ValueError("GGUF file has no tokenizer.ggml.merges")
+    return Tokenizer.from_gguf_vocab(
+        tokens=list(gguf_field(reader, "tokenizer.ggml.tokens")),
+        token_types=[int(t) for t in gguf_field(reader, "tokenizer.ggml.token_type")],
+        merges=list(merges),
+        pre=gguf_field(reader, "tokenizer.ggml.pre", "default"),
+        eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        chat_template=gguf_field(reader, "tokenizer.chat_template"),
+    )

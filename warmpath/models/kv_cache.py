@@ -1,0 +1,35 @@
+"""The KV cache tensors: how many blocks fit the configured memory, and the cache tensor itself."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from warmpath.config import EngineConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
+    """Blocks from num_kv_blocks, else from the kv_cache_memory byte budget. Logs what it chose."""
+    per_token = model.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
+    per_block = per_token * engine.block_size
+    blocks = engine.num_kv_blocks or max(1, engine.kv_cache_memory // per_block)
+    tokens = blocks * engine.block_size
+    log.info(
+        "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %d bytes/token); fits %.1f 4k-token sessions",
+        blocks,
+        engine.block_size,
+        tokens,
+        blocks * per_block / 2**20,
+        per_token,
+        tokens / 4096,
+    )
+    return blocks
+
+
+def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
+    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
+    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)
