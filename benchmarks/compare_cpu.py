@@ -34,14 +34,12 @@ from pathlib import Path
 
 import httpx
 from common import code_windows, machine, write_json
-from gguf import GGUFReader
 from model_speed import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES, Transformers
 
 from warmpath import LLM, SamplingParams
 from warmpath.bench.report import percentile
 from warmpath.client.completion import RequestRecord, Target, discover_model, stream_completion
-from warmpath.models.gguf import read_tokenizer
-from warmpath.models.registry import resolve_model
+from warmpath.models.registry import load_tokenizer, resolve_model
 
 WARM_CONTEXT, WARM_NEW = 4000, 20
 ROWS = [*(f"prefill_{n}_s" for n in PREFILL_SIZES), "warm_ttft_s", "decode_tps"]
@@ -212,7 +210,7 @@ def main() -> None:
             import vllm_cpu
 
             vllm_cpu.install()
-    tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
+    tok = load_tokenizer("smollm2")
     r = args.repeats
     windows = {n: code_windows(tok, n, r + 1) for n in PREFILL_SIZES}
     warm = code_windows(tok, WARM_CONTEXT, r, extra=WARM_NEW)

@@ -16,11 +16,9 @@ import time
 
 import torch
 from common import code_windows, machine, write_json
-from gguf import GGUFReader
 
 from warmpath import LLM, SamplingParams
-from warmpath.models.gguf import read_tokenizer
-from warmpath.models.registry import resolve_model
+from warmpath.models.registry import load_tokenizer, resolve_model
 
 PREFILL_SIZES = (512, 2048, 4000)
 DECODE_CONTEXT, DECODE_TOKENS = 512, 64
@@ -93,7 +91,7 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/model_speed.json")
     args = ap.parse_args()
     results = []
-    tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
+    tok = load_tokenizer("smollm2")
     windows = {n: code_windows(tok, n, args.repeats + 1) for n in (*PREFILL_SIZES, DECODE_CONTEXT)}
     for dtype in args.dtypes.split(","):
         for cls in [c for c in (Warmpath, Transformers) if c.name in args.systems.split(",")]:
