@@ -158,9 +158,9 @@ def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> 
         if name == "warmpath-fp32":
             cmd += ["--dtype", "float32"]
         elif name == "warmpath-torch":
-            cmd += ["--dtype", "float32", "--decode-kernel", "torch"]
+            cmd += ["--dtype", "float32", "--kernel", "torch"]
         elif name == "warmpath-gemv16":
-            cmd += ["--dtype", "float32", "--decode-kernel", "torch", "--gemv-dtype", "float16"]
+            cmd += ["--dtype", "float32", "--kernel", "torch", "--gemv-dtype", "float16"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         url = f"http://127.0.0.1:{port}"
@@ -226,9 +226,9 @@ def main() -> None:
         elif name == "warmpath-fp32":
             results[name] = Warmpath(name, dtype="float32").run(job)
         elif name == "warmpath-torch":
-            results[name] = Warmpath(name, dtype="float32", decode_kernel="torch").run(job)
+            results[name] = Warmpath(name, dtype="float32", kernel="torch").run(job)
         elif name == "warmpath-gemv16":
-            results[name] = Warmpath(name, dtype="float32", decode_kernel="torch", gemv_dtype="float16").run(job)
+            results[name] = Warmpath(name, dtype="float32", kernel="torch", gemv_dtype="float16").run(job)
         elif name == "transformers":
             results[name] = run_transformers(job)
         elif name == "llama.cpp":

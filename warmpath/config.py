@@ -57,24 +57,21 @@ class EngineConfig:
     max_num_seqs: int = SchedulerConfig.max_num_seqs
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
-    # Threads for decode-only steps when serving. Default: all (measured faster through the server on 2 cores,
-    # kernel and torch path alike, once the loading thread's OpenMP pool is released: async_engine.py).
-    num_decode_threads: int | None = None
+    num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
     # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU
     # only. Off by default: such steps are then not token-identical to fp32. "none" keeps one copy.
     gemv_dtype: str = "none"
     gemv_max_rows: int = 4
-    # Single-token steps (decode) on the CPU: "native" computes them in one compiled call over the checkpoint's
-    # own quantized blocks (GGUF Q4_1 / Q8_0; fp32 for other tensors) -- the fp32 weights' values, another
-    # order of summation; "torch" runs the torch model; "auto": native for a float32 model on the CPU when a
-    # C compiler is there, else torch (warmpath/kernels/).
-    decode_kernel: str = "auto"
-    # Activations of the native kernel's Q4_1 / Q8_0 products: "fp32" (exact: the fp32 weights' values, another order
-    # of summation), "int8" (each row quantized per block of 32, llama.cpp's Q8 activations: ~2x the products'
-    # speed, ~3x a decode's; not token-identical to fp32: benchmarks/bf16_agreement.py --dtype float32
-    # --kernel-activations int8), "auto": int8 when dtype is "auto" (the fast default, as bf16 is where the
-    # CPU has it), fp32 when float32 is asked for.
+    # The native CPU kernel (warmpath/kernels/): one compiled call over the checkpoint's own quantized blocks
+    # (GGUF Q4_1 / Q8_0; fp32 for other tensors). "native": on, "torch": off, "auto": on for a float32 model on
+    # the CPU when a C compiler is there. Which sequences of a step it computes: runner.route().
+    kernel: str = "auto"
+    # Activations of the native kernel's Q4_1 / Q8_0 products: "fp32" (exact: the fp32 weights' values, another
+    # order of summation), "int8" (each row quantized per block of 32, llama.cpp's Q8 activations: faster, not
+    # token-identical to fp32; benchmarks/bf16_agreement.py --dtype float32 --kernel-activations int8 measures
+    # the agreement), "auto": int8 when dtype is "auto" (the fast default, as bf16 is where the CPU has it),
+    # fp32 when float32 is asked for.
     kernel_activations: str = "auto"
     seed: int = 0
 

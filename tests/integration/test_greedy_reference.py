@@ -23,15 +23,15 @@ def comparable_prefix(case) -> int:
     return next((i for i, m in enumerate(case["top1_minus_top2_logit"]) if m < NEAR_TIE), 32)
 
 
-@pytest.mark.parametrize("decode_kernel", ["native", "torch"])
-def test_matches_stored_transformers_reference(smollm2_fp32, decode_kernel):
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+def test_matches_stored_transformers_reference(smollm2_fp32, kernel):
     """Both decode paths: the native kernel (the default on a CPU) over the GGUF's own blocks, and torch."""
     assert len(CASES) >= 8 and all(200 <= len(c["prompt_ids"]) <= 2048 for c in CASES)
     llm = smollm2_fp32
-    if decode_kernel == "torch":
+    if kernel == "torch":
         from warmpath import LLM
 
-        llm = LLM("smollm2", dtype="float32", decode_kernel="torch", kv_cache_memory=1 << 28)
+        llm = LLM("smollm2", dtype="float32", kernel="torch", kv_cache_memory=1 << 28)
     else:
         assert llm.engine.runner.native.weight_kinds == ["q4_1", "q8_0"]  # every matrix read from its GGUF blocks
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in CASES], GREEDY32)
@@ -67,7 +67,7 @@ def test_fp16_gemv_decode_matches_reference():
     reference's tokens up to its first near tie (measured: 7 of 8 prompts identical for all 32 tokens)."""
     from warmpath import LLM
 
-    llm = LLM("smollm2", dtype="float32", gemv_dtype="float16", decode_kernel="torch")
+    llm = LLM("smollm2", dtype="float32", gemv_dtype="float16", kernel="torch")
     picked = [c for c in CASES if c["name"] in ("_sitebuiltins.py", "_threading_local.py", "__future__.py",
                                                 "_aix_support.py")]
     assert len(picked) == 4

@@ -12,7 +12,7 @@ import torch
 from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, SamplingParams
-from warmpath.engine.runner import ModelRunner, SeqInput
+from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
 from warmpath.kernels import native
 from warmpath.kernels.native import NativeDecoder, NativeKernelError, matmul
 from warmpath.models.kv_cache import allocate_kv_cache
@@ -119,7 +119,7 @@ def step_inputs(n_ctx: int, first_block: int) -> tuple[list[int], list[int]]:
 def test_a_step_equals_the_torch_models(model_dir, request, kernel_build):
     """fp32 weights in the kernel: the same logits as the torch model (to summation order) and the same K/V
     written into the cache, for sequences of different lengths in one step (Qwen2: with q/k/v biases)."""
-    llm = LLM(str(request.getfixturevalue(model_dir)), dtype="float32", decode_kernel="torch", num_kv_blocks=64)
+    llm = LLM(str(request.getfixturevalue(model_dir)), dtype="float32", kernel="torch", num_kv_blocks=64)
     model, cfg = llm.engine.model, llm.model_config
     kv = allocate_kv_cache(cfg, 64, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
@@ -147,7 +147,7 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
     more through converted panels (fp32) or 6-row int8 tiles, a prompt chunk beside decodes too."""
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     ckpt = load_checkpoint(str(path), torch.float32)
-    llm = LLM(str(path), dtype="float32", decode_kernel="torch", num_kv_blocks=160)
+    llm = LLM(str(path), dtype="float32", kernel="torch", num_kv_blocks=160)
     model, cfg = llm.engine.model, llm.model_config
     kv = allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
@@ -183,29 +183,33 @@ def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, tmp_path, 
     (native). Every request gets the tokens it gets alone, and the pool is whole afterwards."""
     model = tiny_long_dir if activations == "fp32" else write_tiny_gguf(tmp_path / "long.gguf",
                                                                         max_position_embeddings=8192)[0]
-    llm = LLM(str(model), dtype="float32", decode_kernel="native", max_num_batched_tokens=48,
+    llm = LLM(str(model), dtype="float32", kernel="native", max_num_batched_tokens=48,
               num_kv_blocks=400, kernel_activations=activations)
     kernel = llm.engine.runner.native
     assert kernel.activations == activations
-    assert kernel.takes(48, native.NATIVE_CONTEXT) == (activations == "int8")
+    assert runs_natively(llm, 48, NATIVE_CONTEXT) == (activations == "int8")
     tok = llm.get_tokenizer()
     prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + 12 * i))} for i in range(6)]
     lengths = [len(p["prompt_token_ids"]) for p in prompts]
-    assert min(lengths) < 48 and max(lengths) > native.NATIVE_CONTEXT + 48  # both paths, chunks of 48
+    assert min(lengths) < 48 and max(lengths) > NATIVE_CONTEXT + 48  # both paths, chunks of 48
     together = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     alone = [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
     assert together == alone
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
-def test_decode_kernel_settings(tiny_llama_dir):
+def runs_natively(llm: LLM, num_new: int, num_computed: int) -> bool:
+    return llm.engine.runner.route([SeqInput([0] * num_new, num_computed, [])]).native == [0]
+
+
+def test_kernel_settings(tiny_llama_dir):
     assert LLM(str(tiny_llama_dir), dtype="float32").engine.runner.native is not None  # auto: native on fp32 CPU
     assert LLM(str(tiny_llama_dir), dtype="bfloat16").engine.runner.native is None  # auto: torch otherwise
-    assert LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="torch").engine.runner.native is None
-    with pytest.raises(ValueError, match="decode_kernel"):
-        LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="fast")
+    assert LLM(str(tiny_llama_dir), dtype="float32", kernel="torch").engine.runner.native is None
+    with pytest.raises(ValueError, match="kernel must be"):
+        LLM(str(tiny_llama_dir), dtype="float32", kernel="fast")
     with pytest.raises(ValueError, match="float32"):
-        LLM(str(tiny_llama_dir), dtype="bfloat16", decode_kernel="native")
+        LLM(str(tiny_llama_dir), dtype="bfloat16", kernel="native")
 
 
 def test_kernel_activations_settings(tiny_llama_dir, tmp_path):
@@ -217,14 +221,14 @@ def test_kernel_activations_settings(tiny_llama_dir, tmp_path):
     llm = LLM(str(gguf_path), dtype="float32", kernel_activations="int8")
     assert llm.engine.runner.native.activations == "int8"
     assert len(llm.generate("def f", GREEDY)[0].token_ids) == 12
-    fp32_weights = LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int8").engine.runner.native
-    assert fp32_weights.activations == "fp32" and not fp32_weights.takes(48, native.NATIVE_CONTEXT)
+    fp32_weights = LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int8")
+    assert fp32_weights.engine.runner.native.activations == "fp32" and not runs_natively(fp32_weights, 48, NATIVE_CONTEXT)
     auto = LLM(str(gguf_path)).engine
     if auto.dtype == torch.float32:
         assert auto.runner.native.activations == "int8"
     for kernel in ("native", "torch"):  # a bad value is an error even where the kernel is not used
         with pytest.raises(ValueError, match="kernel_activations"):
-            LLM(str(tiny_llama_dir), dtype="float32", decode_kernel=kernel, kernel_activations="int4")
+            LLM(str(tiny_llama_dir), dtype="float32", kernel=kernel, kernel_activations="int4")
 
 
 def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_llama_dir, tmp_path, monkeypatch,
@@ -235,30 +239,29 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_ll
     try:
         with caplog.at_level(logging.WARNING):
             llm = LLM(str(tiny_llama_dir), dtype="float32")
-        assert llm.engine.runner.native is None and "native decode kernel unavailable" in caplog.text
+        assert llm.engine.runner.native is None and "native kernel unavailable" in caplog.text
         assert len(llm.generate("def f", GREEDY)[0].token_ids) == 12
         with pytest.raises(NativeKernelError, match="no C compiler"):
-            LLM(str(tiny_llama_dir), dtype="float32", decode_kernel="native")
+            LLM(str(tiny_llama_dir), dtype="float32", kernel="native")
     finally:
         native.load_library.cache_clear()
 
 
 @pytest.mark.parametrize("kernel", ["native", "torch"])
-def test_serving_decode_steps_thread_count(tiny_llama_dir, kernel):
-    """Decode-only steps keep every thread by default (measured faster through the server on 2 cores, kernel
-    and torch path alike), and num_decode_threads sets them."""
-    from warmpath.engine.async_engine import AsyncEngine
-
+def test_decode_steps_thread_count(tiny_llama_dir, kernel):
+    """Decode-only steps keep every thread by default (README, "Server vs engine": faster on 2 cores, kernel and
+    torch path alike), num_decode_threads sets them, and a step with a prompt chunk gets every thread."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         for configured, expected in ((None, 2), (1, 1)):
-            llm = LLM(str(tiny_llama_dir), dtype="float32", decode_kernel=kernel, num_decode_threads=configured)
-            engine = AsyncEngine(llm.engine)
-            try:
-                assert (engine.prefill_threads, engine.decode_threads) == (2, expected)
-            finally:
-                engine.shutdown()
+            llm = LLM(str(tiny_llama_dir), dtype="float32", kernel=kernel, num_decode_threads=configured)
+            runner = llm.engine.runner
+            decodes = [SeqInput([5], 10, [0]), SeqInput([7], 3, [1])]
+            assert runner.route(decodes).threads == expected
+            assert runner.route([*decodes, SeqInput([1, 2, 3], 0, [2])]).threads == 2
+            out = llm.generate("def add(a, b):\n", GREEDY)[0]
+            assert len(out.token_ids) == GREEDY.max_tokens and torch.get_num_threads() == expected
     finally:
         torch.set_num_threads(before)
 

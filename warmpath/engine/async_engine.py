@@ -17,8 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import torch
-
 from warmpath.engine.engine import Engine
 from warmpath.engine.request import RequestOutput, SamplingParams
 
@@ -50,9 +48,8 @@ def release_thread_pool() -> bool:
 
     Why: libgomp counts every pool's threads, and once there are more than cores it stops spinning at
     barriers (a few hundred iterations, whatever OMP_WAIT_POLICY / GOMP_SPINCOUNT say) and sleeps on a futex
-    instead, at each of a step's ~300 parallel regions. Loading the model in the main thread leaves a pool
-    there; with the step thread's own pool a 2-core machine has 4, and a 16-row decode step took 70-77 ms
-    instead of 41-45 (measured: the same steps run from a second thread, with and without this call).
+    instead, at each of a step's parallel regions. Loading the model in the main thread leaves a pool there;
+    with the step thread's own pool a 2-core machine has 4 (README, "Server vs engine", has the cost).
     Returns whether the runtime had omp_pause_resource_all (OpenMP 5.0)."""
     try:
         pause = ctypes.CDLL(None).omp_pause_resource_all
@@ -75,12 +72,6 @@ class AsyncEngine:
         self.step_overhead = 0.0
         # Called in the step thread after every step with the engine (metrics, tests). Must be quick.
         self.step_listeners: list = []
-        self.prefill_threads = torch.get_num_threads()
-        # Decode-only steps may run on fewer threads (EngineConfig.num_decode_threads); by default every core:
-        # with the loading thread's OpenMP pool released (below), 16 streams through the server decode faster
-        # on both cores of a 2-core machine, on the kernel (140 tok/s) and on the torch path (44.8 vs 36.7).
-        self.decode_threads = engine.config.num_decode_threads or self.prefill_threads
-        self._threads = self.prefill_threads
         # From here on the step thread does the computing: the loading thread's pool would only make libgomp
         # stop spinning in the step thread's barriers (release_thread_pool).
         release_thread_pool()
@@ -165,7 +156,6 @@ class AsyncEngine:
                     self._wake.clear()
                     continue
                 before = self.engine.stats()["num_computed_tokens"]
-                self._pick_threads()
                 t = time.perf_counter()
                 outputs = self.engine.step()
                 self._learn_cost(self.engine.stats()["num_computed_tokens"] - before, time.perf_counter() - t)
@@ -184,15 +174,6 @@ class AsyncEngine:
             for sub in self._streams.values():
                 sub.loop.call_soon_threadsafe(sub.stream.put_nowait, EngineDeadError(f"engine loop died: {e!r}"))
             self._streams.clear()
-
-    def _pick_threads(self) -> None:
-        """Decode-only steps run on decode_threads (all unless configured); prefill steps get every thread."""
-        sched = self.engine.scheduler
-        decode_only = not sched.waiting and all(r.num_computed_tokens == r.num_tokens - 1 for r in sched.running)
-        want = self.decode_threads if decode_only else self.prefill_threads
-        if want != self._threads:
-            torch.set_num_threads(want)
-            self._threads = want
 
     def _learn_cost(self, tokens: int, seconds: float) -> None:
         """Step time ~ overhead + tokens x cost: small steps (decodes) teach the overhead, big ones the cost."""

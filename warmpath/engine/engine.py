@@ -60,42 +60,45 @@ class Engine:
             if half is None or self.dtype != torch.float32:
                 raise ValueError(f"gemv_dtype must be none, float16 or bfloat16, for a float32 model; got "
                                  f"{config.gemv_dtype!r} with {self.dtype}")
-            model.enable_small_rows(half, config.gemv_max_rows)
+            model.keep_half_width_copies(half)
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         blocks = num_kv_blocks(config, self.model_config, self.dtype)
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.dtype, config.device)
-        native = self._native_decoder(config, model, ckpt_quantized, kv)
+        native = self._native_forward(config, model, ckpt_quantized, kv)
         del ckpt_quantized
-        self.runner = ModelRunner(model, kv, config.block_size, native)
+        self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
+                                  config.num_decode_threads)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
 
-    def _native_decoder(self, config: EngineConfig, model, quantized, kv) -> NativeDecoder | None:
-        if config.decode_kernel not in ("auto", "native", "torch"):
-            raise ValueError(f"decode_kernel must be auto, native or torch; got {config.decode_kernel!r}")
+    def _native_forward(self, config: EngineConfig, model, quantized, kv) -> NativeDecoder | None:
+        """The native kernel when the config and the model allow it (which sequences it then computes is the
+        runner's route())."""
+        if config.kernel not in ("auto", "native", "torch"):
+            raise ValueError(f"kernel must be auto, native or torch; got {config.kernel!r}")
         if config.kernel_activations not in ("auto", *ACTIVATIONS):
             raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
-        if config.decode_kernel == "torch":
+        if config.kernel == "torch":
             return None
         usable = config.device == "cpu" and self.dtype == torch.float32
-        if config.decode_kernel == "auto" and not usable:
+        if config.kernel == "auto" and not usable:
             return None
         if not usable:
-            raise ValueError(f"decode_kernel=native needs a float32 model on the CPU; got {self.dtype} on {config.device}")
+            raise ValueError(f"kernel=native needs a float32 model on the CPU; got {self.dtype} on {config.device}")
         activations = config.kernel_activations
         if activations == "auto":
             activations = "int8" if config.dtype == "auto" else "fp32"
         try:
             native = NativeDecoder(model, quantized, kv, config.block_size, activations=activations)
         except NativeKernelError as e:
-            if config.decode_kernel == "native":
+            if config.kernel == "native":
                 raise
-            log.warning("native decode kernel unavailable, decoding with torch: %s", e)
+            log.warning("native kernel unavailable, computing with torch: %s", e)
             return None
         log.info("native kernel over %.0f MB of quantized weights, %s activations", native.weight_bytes / 1e6,
                  activations)

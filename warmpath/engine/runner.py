@@ -1,8 +1,9 @@
-"""Flattens one step's sequences into tensors (ids, positions, slot mapping, block tables), runs the model."""
+"""Runs one step: routes each sequence to a backend (route(): the one place that decides), flattens the torch
+share into tensors (ids, positions, slot mapping, block tables), runs both, returns the logits in order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +23,25 @@ class SeqInput:
 
 
 @dataclass
+class StepRoute:
+    """How one step runs: which backend computes each sequence, on which weights, with how many threads."""
+
+    native: list[int] = field(default_factory=list)  # indices of the sequences the native kernel computes
+    torch: list[int] = field(default_factory=list)  # ... and those the torch model computes
+    half_width: bool = False  # torch's share on the half-width weight copies (EngineConfig.gemv_dtype)
+    threads: int = 1
+
+
+# With fp32 activations the native kernel takes sequences of at most MAX_CHUNK new tokens (decodes, a warm
+# request's new tokens) and prompt chunks whose whole context is at most NATIVE_CONTEXT tokens (there its
+# products keep up with torch's GEMMs and share one pass with the step's decodes); torch's attention wins over
+# longer contexts. With int8 activations every sequence runs natively: the products' speed-up outweighs the
+# attention, and a prompt's numerics then never depend on how it was chunked (README, "CPU fast path").
+MAX_CHUNK = 32
+NATIVE_CONTEXT = 512
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -31,12 +51,30 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, block_size: int,
-                 native: NativeDecoder | None = None):
+                 native: NativeDecoder | None = None, half_width_max_rows: int = 0,
+                 decode_threads: int | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = kv_cache.device
-        self.native = native  # when set, computes the step's sequences that native.takes() picks
+        self.native = native  # computes the sequences route() sends it
+        self.half_width_max_rows = half_width_max_rows if model.has_half_width_copies else 0
+        self.threads = torch.get_num_threads()  # what prompt steps use; the count in force now
+        self.all_threads = self.threads
+        self.decode_threads = decode_threads or self.threads  # decode-only steps (EngineConfig.num_decode_threads)
+
+    def route(self, seqs: list[SeqInput]) -> StepRoute:
+        """The one place that decides how a step runs."""
+        route = StepRoute()
+        for i, s in enumerate(seqs):
+            n = len(s.token_ids)
+            native = self.native is not None and (
+                self.native.activations == "int8" or n <= MAX_CHUNK or s.num_computed + n <= NATIVE_CONTEXT)
+            (route.native if native else route.torch).append(i)
+        route.half_width = sum(len(seqs[i].token_ids) for i in route.torch) <= self.half_width_max_rows
+        decode_only = all(len(s.token_ids) == 1 for s in seqs)
+        route.threads = self.decode_threads if decode_only else self.all_threads
+        return route
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
@@ -102,31 +140,27 @@ class ModelRunner:
         )
 
     def forward(self, seqs: list[SeqInput]) -> torch.Tensor:
-        """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs."""
-        native = self.native
-        short = [s for s in seqs if native.takes(len(s.token_ids), s.num_computed)] if native is not None else []
-        if not short:
-            return self._torch_forward(seqs)
-        # Sequences are independent (each attends only to its own blocks): decodes, a few new tokens over a
-        # warm prefix and short prompts (every sequence, with int8 activations) go through the native kernel,
-        # prompt chunks over long contexts through torch, and the logits are put back in order.
-        for s in short:
-            self._check(s)
-        logits = native.forward([s.token_ids for s in short], [s.num_computed for s in short],
-                                [s.block_table for s in short])
-        long = [s for s in seqs if not native.takes(len(s.token_ids), s.num_computed)]
-        from_native = iter(logits)
-        from_torch = iter(self._torch_forward(long) if long else ())
-        rows = []
+        """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs. Sequences are independent
+        (each attends only to its own blocks), so each backend computes its share and the rows are put back in
+        order."""
         for s in seqs:
-            if native.takes(len(s.token_ids), s.num_computed):
-                row = next(from_native)
-            else:
-                row = next(from_torch) if s.sample else None
-            if s.sample:
-                rows.append(row)
-        return torch.stack(rows) if rows else logits[:0]
-
-    def _torch_forward(self, seqs: list[SeqInput]) -> torch.Tensor:
-        x = self.prepare(seqs)
-        return self.model(x.input_ids, x.positions, x.meta, self.kv_cache, x.logits_rows)
+            self._check(s)
+        route = self.route(seqs)
+        if route.threads != self.threads:
+            torch.set_num_threads(route.threads)
+            self.threads = route.threads
+        logits: dict[int, torch.Tensor] = {}
+        if route.native:
+            share = [seqs[i] for i in route.native]
+            rows = self.native.forward([s.token_ids for s in share], [s.num_computed for s in share],
+                                       [s.block_table for s in share])
+            logits.update(zip(route.native, rows, strict=True))
+        if route.torch:
+            sampled = [i for i in route.torch if seqs[i].sample]
+            x = self.prepare([seqs[i] for i in route.torch])
+            rows = self.model(x.input_ids, x.positions, x.meta, self.kv_cache, x.logits_rows, route.half_width)
+            logits.update(zip(sampled, rows, strict=True))
+        wanted = [logits[i] for i, s in enumerate(seqs) if s.sample]
+        if wanted:
+            return torch.stack(wanted)
+        return torch.empty(0, self.model.cfg.vocab_size)

@@ -36,14 +36,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, small: dict | None) -> torch.Tensor:
-    """x @ w.T (+ b). For a few rows (decode of one or a few streams) a half-width copy of w, when the model has
-    them: the step is bound by reading weights, and on CPUs without native bf16 (AVX2) torch's half-width GEMV
-    reads half the bytes (measured 2.7x faster over the whole model at 1 row), while its GEMM is slower than
-    fp32 from ~8 rows on; so both copies are kept and the row count picks."""
-    if small is not None and x.shape[0] <= small["max_rows"]:
-        half = small[id(w)]
-        return F.linear(x.to(half.dtype), half, None if b is None else b.to(half.dtype)).to(x.dtype)
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, half: dict | None) -> torch.Tensor:
+    """x @ w.T (+ b), on w's half-width copy when the caller passes the copies (the runner decides which
+    steps use them: EngineConfig.gemv_dtype)."""
+    if half is not None:
+        w_half = half[id(w)]
+        return F.linear(x.to(w_half.dtype), w_half, None if b is None else b.to(w_half.dtype)).to(x.dtype)
     return F.linear(x, w, b)
 
 
@@ -61,20 +59,20 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size), requires_grad=False)
         self.down_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size), requires_grad=False)
         self.scale = cfg.head_dim**-0.5
-        self.small: dict | None = None  # half-width weight copies for few-row steps (enable_small_rows)
+        self.half: dict | None = None  # half-width weight copies (keep_half_width_copies)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        cfg, small = self.cfg, self.small
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata, half_width: bool) -> torch.Tensor:
+        cfg, half = self.cfg, (self.half if half_width else None)
         h = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
-        q, k, v = linear(h, self.qkv_weight, self.qkv_bias, small).split(self.split, dim=-1)
+        q, k, v = linear(h, self.qkv_weight, self.qkv_bias, half).split(self.split, dim=-1)
         q = apply_rope(q.view(-1, cfg.num_heads, cfg.head_dim), cos, sin)
         k = apply_rope(k.view(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-        x = x + linear(attn.reshape(-1, cfg.num_heads * cfg.head_dim), self.o_weight, None, small)
+        x = x + linear(attn.reshape(-1, cfg.num_heads * cfg.head_dim), self.o_weight, None, half)
         h = rms_norm(x, self.post_attention_norm, cfg.rms_norm_eps)
-        gate, up = linear(h, self.gate_up_weight, None, small).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_weight, None, small)
+        gate, up = linear(h, self.gate_up_weight, None, half).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_weight, None, half)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -89,17 +87,20 @@ class LlamaForCausalLM(nn.Module):
             torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False
         )
         self.register_buffer("rope", rope_table(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings), persistent=False)
-        self.small: dict | None = None
+        self.half: dict | None = None
 
-    def enable_small_rows(self, dtype: torch.dtype, max_rows: int) -> None:
-        """Keep a `dtype` copy of every matrix for steps of at most max_rows tokens (see linear())."""
+    @property
+    def has_half_width_copies(self) -> bool:
+        return self.half is not None
+
+    def keep_half_width_copies(self, dtype: torch.dtype) -> None:
+        """Keep a `dtype` copy of every matrix beside it, for the steps the runner sends there (forward's
+        half_width): a few-row step is bound by reading weights, and half the bytes are read."""
         head = self.embed if self.lm_head is None else self.lm_head
         for layer in self.layers:
-            small = {"max_rows": max_rows}
-            for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight):
-                small[id(w)] = w.detach().to(dtype).contiguous()
-            layer.small = small
-        self.small = {"max_rows": max_rows, id(head): head.detach().to(dtype).contiguous()}
+            layer.half = {id(w): w.detach().to(dtype).contiguous()
+                          for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)}
+        self.half = {id(head): head.detach().to(dtype).contiguous()}
 
     @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype, device) -> LlamaForCausalLM:
@@ -140,16 +141,17 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         logits_rows: torch.Tensor,  # [N] rows whose next-token logits are wanted
+        half_width: bool = False,  # compute on the half-width weight copies
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)
         dtype = x.dtype
         cos = self.rope[0][positions].to(dtype).unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
         sin = self.rope[1][positions].to(dtype).unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache[i, 0], kv_cache[i, 1], meta)
+            x = layer(x, cos, sin, kv_cache[i, 0], kv_cache[i, 1], meta, half_width)
         h = rms_norm(x[logits_rows], self.norm, self.cfg.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head
-        return linear(h, head, None, self.small).float()
+        return linear(h, head, None, self.half if half_width else None).float()
 
 
 def _required_names(cfg: ModelConfig) -> list[str]:
