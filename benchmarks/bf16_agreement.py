@@ -26,7 +26,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="default: benchmarks/results/{bf16,int8}_agreement.json")
     args = ap.parse_args()
     mode = "int8 activations" if args.kernel_activations == "int8" else args.dtype
-    json_path = args.json or f"benchmarks/results/{'int8' if args.kernel_activations == 'int8' else 'bf16'}_agreement.json"
+    kind = "int8" if args.kernel_activations == "int8" else "bf16"
+    json_path = args.json or f"benchmarks/results/{kind}_agreement.json"
     cases = json.loads(DATA.read_text())["cases"]
     llm = LLM("smollm2", dtype=args.dtype, kernel_activations=args.kernel_activations)
     if args.kernel_activations == "int8" and (llm.engine.runner.native is None):

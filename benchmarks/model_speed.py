@@ -113,7 +113,8 @@ def main() -> None:
         if r["system"] == "warmpath" and b:
             ratios = ", ".join(f"prefill {n} {r[f'prefill_{n}_s'] / b[f'prefill_{n}_s']:.2f}x time"
                                for n in PREFILL_SIZES)
-            print(f"warmpath/transformers {r['dtype']}: {ratios}, decode {r['decode_tps'] / b['decode_tps']:.2f}x tok/s")
+            decode = r["decode_tps"] / b["decode_tps"]
+            print(f"warmpath/transformers {r['dtype']}: {ratios}, decode {decode:.2f}x tok/s")
     write_json(args.json, {"machine": machine(), "repeats": args.repeats, "results": results})
 
 

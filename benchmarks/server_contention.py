@@ -41,7 +41,8 @@ def offline_decode_tps(dtype: str, prompt: list[int], threads: int | None, repea
 
 def _tpot_sum_count(url: str) -> tuple[float, float]:
     text = httpx.get(f"{url}/metrics").text
-    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("warmpath_time_per")}
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+             if line.startswith("warmpath_time_per")}
     return value["warmpath_time_per_output_token_seconds_sum"], value["warmpath_time_per_output_token_seconds_count"]
 
 
@@ -100,7 +101,8 @@ def main() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve", "--port",
                              str(port), "--dtype", args.dtype]
                             + (["--num-threads", str(args.num_threads)] if args.num_threads else [])
-                            + (["--num-decode-threads", str(args.num_decode_threads)] if args.num_decode_threads else []),
+                            + (["--num-decode-threads", str(args.num_decode_threads)]
+                               if args.num_decode_threads else []),
                             stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,7 +123,8 @@ def main() -> None:
     print(f"machine: {machine()}\n")
     print("| figure | offline engine | through the server | ratio |")
     print("|---|---|---|---|")
-    print(f"| 1-stream decode tokens/s, as the client sees it | {offline:.1f} | {served:.1f} | {served / offline:.2f} |")
+    print(f"| 1-stream decode tokens/s, as the client sees it | {offline:.1f} | {served:.1f} "
+          f"| {served / offline:.2f} |")
     print(f"| same, by the server's own TPOT | {offline:.1f} | {served_own:.1f} | {served_own / offline:.2f} |")
     print("\n| GET /health latency | p50 | p99 |")
     print("|---|---|---|")

@@ -68,7 +68,8 @@ def test_limits_give_clear_errors(llm, tiny_llama_dir):
     small = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=2)
     with pytest.raises(PromptTooLongError, match="KV pool"):  # can never fit: refused up front
         small.generate({"prompt_token_ids": [5] * 40}, GREEDY)
-    grows = small.generate({"prompt_token_ids": [5] * 20}, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    grows = small.generate({"prompt_token_ids": [5] * 20}, params)[0]
     assert grows.finish_reason == FinishReason.ERROR and "KV pool holds 32" in grows.error
     assert len(grows.token_ids) == 32 - 20 + 1
     assert small.stats()["free_blocks"] == 2

@@ -16,8 +16,8 @@ from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
 from warmpath.kernels import native
 from warmpath.kernels.native import NativeDecoder, NativeKernelError, matmul
 from warmpath.models.kv_cache import allocate_kv_cache
+from warmpath.models.loader import load_checkpoint
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
-from warmpath.models.registry import load_checkpoint
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -222,7 +222,8 @@ def test_kernel_activations_settings(tiny_llama_dir, tmp_path):
     assert llm.engine.runner.native.activations == "int8"
     assert len(llm.generate("def f", GREEDY)[0].token_ids) == 12
     fp32_weights = LLM(str(tiny_llama_dir), dtype="float32", kernel_activations="int8")
-    assert fp32_weights.engine.runner.native.activations == "fp32" and not runs_natively(fp32_weights, 48, NATIVE_CONTEXT)
+    assert fp32_weights.engine.runner.native.activations == "fp32"
+    assert not runs_natively(fp32_weights, 48, NATIVE_CONTEXT)
     auto = LLM(str(gguf_path)).engine
     if auto.dtype == torch.float32:
         assert auto.runner.native.activations == "int8"

@@ -17,7 +17,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def llms(tiny_llama_dir):
-    return {bs: LLM(str(tiny_llama_dir), dtype="float32", block_size=bs, num_kv_blocks=4096 // bs) for bs in (1, 16, 32)}
+    return {bs: LLM(str(tiny_llama_dir), dtype="float32", block_size=bs, num_kv_blocks=4096 // bs)
+            for bs in (1, 16, 32)}
 
 
 def scattered_blocks(llm: LLM, n_tokens: int, rng: random.Random) -> list[int]:

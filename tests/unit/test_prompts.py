@@ -19,7 +19,8 @@ def tokenizer_with(*special: str) -> Tokenizer:
     (("<fim_prefix>", "<fim_suffix>", "<fim_middle>"), "starcoder", "<fim_prefix>P<fim_suffix>S<fim_middle>"),
     (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), "qwen2.5-coder",
      "<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>"),
-    (("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"), "deepseek-coder", "<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>"),
+    (("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"), "deepseek-coder",
+     "<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>"),
     (("[SUFFIX]", "[PREFIX]"), "codestral", "[SUFFIX]S[PREFIX]P"),
 ])
 def test_fim_family_detected_and_built(tokens, name, expected):

@@ -31,7 +31,8 @@ def hash_block(parent: bytes, token_ids: list[int] | tuple[int, ...], extra_key:
     return h.digest()
 
 
-def block_hashes(token_ids: list[int], block_size: int, extra_key: bytes, start: list[bytes] | None = None) -> list[bytes]:
+def block_hashes(token_ids: list[int], block_size: int, extra_key: bytes,
+                 start: list[bytes] | None = None) -> list[bytes]:
     """Chained hashes of every full block of token_ids, extending the already-known `start` hashes."""
     hashes = list(start or [])
     for i in range(len(hashes), len(token_ids) // block_size):

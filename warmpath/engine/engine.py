@@ -25,7 +25,7 @@ from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.kernels.native import ACTIVATIONS, NativeDecoder, NativeKernelError
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
-from warmpath.models.registry import load_checkpoint
+from warmpath.models.loader import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ class _EngineCollector(Collector):
     def collect(self):
         s = self.engine.stats()
         for name, key, doc in (
-            ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache"),
+            ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens",
+             "Prompt tokens looked up in the prefix cache"),
             ("prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
             ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
             ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),

@@ -86,7 +86,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False
         )
-        self.register_buffer("rope", rope_table(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings), persistent=False)
+        rope = rope_table(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        self.register_buffer("rope", rope, persistent=False)
         self.half: dict | None = None
 
     @property

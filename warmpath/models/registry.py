@@ -1,5 +1,5 @@
-"""Model names and paths -> a loaded checkpoint or just its tokenizer. Where the bundled model lives and how it
-is fetched."""
+"""Model names and paths: where the bundled model lives, how it is fetched, what a spec resolves to, and its
+tokenizer (none of it needs torch; loading the weights is loader.py's)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,9 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from warmpath.config import warmpath_home
 from warmpath.models.tokenizer import Tokenizer
-
-if TYPE_CHECKING:  # loading weights needs torch; naming, fetching and tokenizers do not
-    import torch
-
-    from warmpath.models.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -128,17 +122,6 @@ def resolve_model(spec: str) -> Path:
         f"model {spec!r} is neither a bundled name ({', '.join(BUNDLED)}), a .gguf file, "
         "nor a directory with config.json"
     )
-
-
-def load_checkpoint(spec: str, dtype: torch.dtype) -> Checkpoint:
-    path = resolve_model(spec)
-    if path.is_dir():
-        from warmpath.models.hf import load_hf_dir
-
-        return load_hf_dir(path, dtype)
-    from warmpath.models.gguf import load_gguf
-
-    return load_gguf(path, dtype)
 
 
 def load_tokenizer(spec: str = "smollm2") -> Tokenizer:
