@@ -67,7 +67,7 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def _dequantize_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
-    """Q8_0 / Q4_0 / Q4_1 blocks of 32 values -> fp32, vectorised in torch (gguf's numpy path is ~10x slower)."""
+    """Q8_0 / Q4_0 / Q4_1 blocks of 32 values -> fp32, vectorised in torch (gguf's numpy path is far slower)."""
     size = {GGMLQuantizationType.Q8_0: 34, GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}[qtype]
     blocks = torch.from_numpy(raw.reshape(-1).copy()).view(-1, size)
     d = blocks[:, 0:2].contiguous().view(torch.float16).float()  # one fp16 scale per block
