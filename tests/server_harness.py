@@ -1,5 +1,6 @@
 """A real uvicorn server on a loopback socket, in a thread of the test process (so tests can also look at
-the engine behind it), plus waiting on engine steps without sleeping."""
+the engine behind it); waiting on engine steps without sleeping; reading a server's Prometheus counters; the
+code sample the server, router and client tests prompt with. The fixtures built on these are in conftest.py."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import threading
 import time
 from contextlib import contextmanager
 
+import httpx
 import uvicorn
 
 from warmpath.config import EngineConfig, ServerConfig
-from warmpath.engine.engine import Engine
-from warmpath.server.app import create_app
+
+CODE = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
 
 
 @contextmanager
 def running_server(engine_config: EngineConfig, server_config: ServerConfig | None = None):
+    from warmpath.engine.engine import Engine
+    from warmpath.server.app import create_app
+
     engine = Engine(engine_config)
     with running_app(create_app(engine, server_config)) as (url, app):
         yield url, app
@@ -59,3 +64,16 @@ def wait_for_step(app, condition, timeout: float = 60.0) -> None:
             raise TimeoutError("condition not reached")
     finally:
         async_engine.step_listeners.remove(listener)
+
+
+def counter(url: str, name: str, label: str = "") -> float:
+    """A counter's value on a server's /metrics: the sample with exactly these labels, or the unlabelled one."""
+    text = httpx.get(f"{url}/metrics").text
+    prefix = f"{name}{{{label}}}" if label else name
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix + " "))
+
+
+def total(url: str, name: str) -> float:
+    """A counter summed over all its labels."""
+    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    return sum(float(x.split()[-1]) for x in lines if x.startswith((name + " ", name + "{")))

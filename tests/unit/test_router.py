@@ -15,21 +15,18 @@ import time
 
 import httpx
 import pytest
-from server_harness import running_app, running_server, wait_for_step
+from server_harness import CODE, counter, running_app, running_server, total, wait_for_step
 from test_server import BAD
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.hashing import HashRing
 
-CODE = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
-
 
 @pytest.fixture(scope="module")
-def fleet(tiny_long_dir):
-    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024, max_num_batched_tokens=64)
+def fleet(server_config):
     with contextlib.ExitStack() as stack:
-        nodes = [stack.enter_context(running_server(cfg)) for _ in range(3)]
+        nodes = [stack.enter_context(running_server(server_config)) for _ in range(3)]
         yield {url: app for url, app in nodes}
 
 
@@ -44,18 +41,6 @@ def complete(url: str, prompt: str, session: str | None = None, **body) -> httpx
     headers = {"X-Session-Id": session} if session else {}
     return httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 4, **body}, headers=headers,
                       timeout=60)
-
-
-def counter(url: str, name: str, label: str = "") -> float:
-    text = httpx.get(f"{url}/metrics").text
-    prefix = f"{name}{{{label}}}" if label else name
-    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix + " "))
-
-
-def total(url: str, name: str) -> float:
-    """A counter summed over all its labels."""
-    lines = httpx.get(f"{url}/metrics").text.splitlines()
-    return sum(float(x.split()[-1]) for x in lines if x.startswith((name + " ", name + "{")))
 
 
 def session_homed_on(node: str, nodes: list[str], prefix: str = "dev") -> str:

@@ -9,19 +9,10 @@ import threading
 import httpx
 import openai
 import pytest
-from server_harness import running_server, wait_for_step
+from server_harness import CODE, running_server, wait_for_step
 
 from warmpath import LLM, SamplingParams
 from warmpath.config import EngineConfig, ServerConfig
-
-CODE = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
-
-
-@pytest.fixture(scope="module")
-def server(tiny_long_dir):
-    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024, max_num_batched_tokens=64)
-    with running_server(cfg) as (url, app):
-        yield url, app
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +134,8 @@ def test_overloaded_is_answered_at_once(server):
 
     async def burst():
         async with httpx.AsyncClient(timeout=120) as http:
-            work = [asyncio.create_task(http.post(f"{url}/v1/completions", json={**busy, "prompt": f"#{i}\n" + busy["prompt"]}))
+            work = [asyncio.create_task(http.post(f"{url}/v1/completions",
+                                                  json={**busy, "prompt": f"#{i}\n" + busy["prompt"]}))
                     for i in range(12)]
             await asyncio.to_thread(wait_for_step, app, lambda e: len(e.scheduler.waiting) >= 4)
             before = _aborted(url, "overloaded")

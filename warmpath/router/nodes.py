@@ -1,4 +1,5 @@
-"""The nodes behind the router: health, drain, in-flight load, and their prefix-cache counters.
+"""The nodes behind the router: which they are (from the config), health, drain, in-flight load, and their
+prefix-cache counters.
 
 A node is *available* for new requests when it is healthy and not draining. It turns unhealthy after
 `health_failures` failed `/health` checks in a row, or at once when it refuses a connection; it becomes
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from warmpath.config import RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,37 @@ class Node:
 
     def total(self, name: str) -> float:
         return self.counter_base.get(name, 0.0) + self.counters.get(name, 0.0)
+
+
+def parse_nodes(config: RouterConfig) -> tuple[list[Node], list[str]]:
+    """Nodes with their tier, and the tiers from smallest to largest model."""
+    urls = list(config.node or [])
+    if config.nodes_file:
+        with open(config.nodes_file) as f:
+            urls += [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
+    if config.tier and urls:
+        raise ValueError("give either --node (one pool) or --tier NAME=URL,... (model tiers), not both")
+    nodes, tiers = [], []
+    if config.tier:
+        for spec in config.tier:
+            name, _, members = spec.partition("=")
+            if not name or not members or name in tiers:
+                raise ValueError(f"--tier wants NAME=URL[,URL...] with distinct names, got {spec!r}")
+            tiers.append(name)
+            nodes += [Node(base_url(u), tier=name) for u in members.split(",") if u.strip()]
+    else:
+        tiers = ["default"]
+        nodes = [Node(base_url(u)) for u in urls]
+    if not nodes:
+        raise ValueError("no nodes: give --node URL (repeated), --nodes-file or --tier")
+    if len({n.url for n in nodes}) != len(nodes):
+        raise ValueError("a node is listed twice")
+    return nodes, tiers
+
+
+def base_url(url: str) -> str:
+    """A node's URL as the router keys it: no trailing slash, no /v1."""
+    return url.strip().rstrip("/").removesuffix("/v1")
 
 
 class NodeSet:

@@ -7,7 +7,7 @@ import hmac
 
 from fastapi.responses import JSONResponse
 
-from warmpath.server.protocol import error_body
+from warmpath.api.protocol import error_body
 
 
 class GuardMiddleware:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible request bodies (pydantic) and the error object."""
+"""OpenAI-compatible request bodies (pydantic), the one chat-content rule, and the error object."""
 
 from __future__ import annotations
 
@@ -59,15 +59,22 @@ class CompletionRequest(SamplingFields):
         return v
 
 
+def content_text(content) -> str:
+    """A chat message's text: a string as it is; of a list of content parts, the `type == "text"` parts' text.
+    Takes raw JSON too (the router builds its routing key from unvalidated bodies): anything else is ""."""
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict] | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, list):  # content parts: keep the text ones
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
-        return self.content or ""
+        return content_text(self.content)
 
 
 class ChatRequest(SamplingFields):
@@ -78,3 +85,12 @@ class ChatRequest(SamplingFields):
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message[:1000], "type": type_, "param": param, "code": code}}
+
+
+class ApiError(Exception):
+    """Answered as the OpenAI error object with this status (see asgi.install_error_handlers)."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type_, param, code)

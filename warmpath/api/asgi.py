@@ -1,0 +1,92 @@
+"""ASGI helpers shared by the server and the router: the client's disconnect, the X-Deadline-Ms header, the
+session key, and the error handlers that answer every failure with the OpenAI error object."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from warmpath.api.protocol import ApiError, error_body
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DEADLINE_HEADER = "X-Deadline-Ms"
+
+
+class ClientGone(Exception):
+    """The client disconnected while we waited on its answer."""
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns when the client goes away. Reads the request's receive channel: call it after the body is read."""
+    while True:
+        if (await request.receive())["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, unless the client goes away first: then `work` is cancelled (a request given up before
+    its answer must stop its work at once, not when the answer comes) and ClientGone is raised. `work`'s own
+    exceptions pass through."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+def parse_deadline(headers, now: float) -> float | None:
+    """The monotonic deadline X-Deadline-Ms sets, counted from `now`; None without the header. ApiError (400)
+    when it is not a positive, finite number of milliseconds."""
+    raw = headers.get(DEADLINE_HEADER.lower())
+    if raw is None:
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not ms > 0 or ms == float("inf"):
+        raise ApiError(400, f"{DEADLINE_HEADER} must be a positive number of milliseconds", param=DEADLINE_HEADER)
+    return now + ms / 1000
+
+
+def session_key(headers, user) -> str | None:
+    """Which session a request belongs to: the X-Session-Id header, else the body's `user` (a string)."""
+    return headers.get("x-session-id") or (user if isinstance(user, str) else None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error answered as the OpenAI error object: ApiError with its status, a validation error as 400
+    naming the field, anything else (a bug: logged with its traceback) as 500."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError):
+        return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, e: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            msg, loc = "request body is not valid JSON", []
+        return JSONResponse(error_body(f"{'.'.join(loc) + ': ' if loc else ''}{msg}", param=".".join(loc) or None),
+                            status_code=400)

@@ -1,0 +1,305 @@
+"""The router's request path: read just enough of a request to route it, answer from the response cache, pick
+nodes with the tier's policy, and send the request to a node, relaying its answer through unbuffered.
+
+A node that fails before the first byte reaches the client gets one failover to the next candidate while the
+deadline allows; one that fails mid-stream ends the stream with an error event (never a clean [DONE], never a
+replay). Past X-Deadline-Ms the router answers silence itself and closes the upstream stream; the node is told
+the remaining budget. Bad input is the node's to judge, so errors have exactly the node's shape; a client that
+goes away closes the upstream stream (the node aborts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from warmpath.api import responses as wire
+from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
+from warmpath.api.protocol import ApiError, content_text, error_body
+from warmpath.config import RouterConfig
+from warmpath.router.cache import ResponseCache, cache_key, complete_answer
+from warmpath.router.metrics import RouterMetrics
+from warmpath.router.nodes import Node, NodeSet, parse_nodes
+from warmpath.router.policies import RouteKey, Router
+from warmpath.router.sessions import SessionLog
+from warmpath.router.tiering import LINE, completion_kind
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 2  # the chosen node, then one failover
+
+
+@dataclass
+class Routed:
+    """What the router learned from a request: its body (None if not a JSON object), routing key, deadline."""
+
+    path: str
+    raw: bytes
+    body: dict | None
+    session: str | None
+    prompt: str
+    kind: str  # "completion" | "chat"
+    stream: bool
+    deadline: float | None  # monotonic
+    deadline_ok: bool  # False: the header is invalid and forwarded as it is, for the node to answer the 400
+    key: str | None = None  # the response-cache key, for a deterministic request
+
+    @property
+    def model(self):
+        return (self.body or {}).get("model")
+
+
+def read_request(path: str, raw: bytes, headers) -> Routed:
+    try:
+        deadline, deadline_ok = parse_deadline(headers, time.monotonic()), True
+    except ApiError:
+        deadline, deadline_ok = None, False
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = None
+    b = body or {}
+    if path.endswith("/chat/completions"):
+        kind = "chat"
+        prompt = "".join(f"{m.get('role')}\x1f{content_text(m.get('content'))}\x1e"
+                         for m in b.get("messages") or [] if isinstance(m, dict))
+    else:
+        kind = "completion"
+        prompt = b.get("prompt", "")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            prompt = ",".join(str(t) for t in prompt)
+        prompt = prompt if isinstance(prompt, str) else ""
+    return Routed(path, raw, body, session_key(headers, b.get("user")), prompt, kind, b.get("stream") is True,
+                  deadline, deadline_ok)
+
+
+class _Failed(Exception):
+    """The node failed before the first byte reached the client: fail over."""
+
+
+class Proxy:
+    """The router's state (nodes, policies, cache, sessions, metrics, the upstream HTTP client) and its
+    request path."""
+
+    def __init__(self, config: RouterConfig):
+        self.config = config
+        nodes, self.tiers = parse_nodes(config)
+        self.routers = {t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
+                                  config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks)
+                        for t in self.tiers}
+        self.cache = ResponseCache(config.cache_entries, ttl_s=config.cache_ttl)
+        self.sessions = SessionLog()
+        self.upstream_headers = {"Authorization": f"Bearer {config.upstream_api_key}"} \
+            if config.upstream_api_key else {}
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=config.connect_timeout, read=None, write=30.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self.nodes = NodeSet(nodes, self.http, config.health_interval, config.health_failures,
+                             self.upstream_headers, on_unhealthy=self._forget)
+        self.metrics = RouterMetrics(self.nodes)
+
+    def _forget(self, node: Node) -> None:  # a node that left may come back empty: its index is stale
+        self.routers[node.tier].forget(node.url)
+
+    async def start(self) -> None:
+        await self.nodes.check_all()
+        self.nodes.start()
+
+    async def close(self) -> None:
+        await self.nodes.stop()
+        await self.http.aclose()
+
+    def model_names(self) -> list[str]:
+        names = [self.config.served_model_name] if self.config.served_model_name else []
+        for n in self.nodes.nodes.values():
+            names += [m for m in n.models if m not in names]
+        return names
+
+    # -- one request --------------------------------------------------------------------------------------------
+    async def handle(self, request: Request, path: str) -> Response | dict:
+        routed = read_request(path, await request.body(), request.headers)
+        tier = self.tiers[0]
+        if len(self.tiers) > 1:
+            kind = completion_kind(path, routed.body or {}, request.headers.get("x-completion-kind"),
+                                   self.config.line_max_tokens)
+            tier = self.tiers[0] if kind == LINE else self.tiers[-1]
+            self.metrics.tiers.labels(tier, kind).inc()
+        if routed.body is not None and self.config.cache_entries > 0:
+            routed.key = cache_key(path, routed.body)
+        if routed.key is not None:
+            hit = self.cache.get(routed.key)
+            self.metrics.cache.labels("hit" if hit else "miss").inc()
+            if hit:
+                return Response(hit.body, media_type=hit.media_type, headers={"X-Warmpath-Cache": "hit"})
+        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt), self.nodes.available(tier),
+                                             self.nodes.loads())
+        self.metrics.decisions.labels(self.config.policy, decision.decision).inc()
+        if routed.session and decision.nodes:
+            self.sessions.note(routed.session, decision.nodes[0], True)
+        if not decision.nodes:
+            self.metrics.degraded.labels("no_node").inc()
+            where = "" if len(self.tiers) == 1 else " in tier " + tier
+            return JSONResponse(error_body(f"no healthy node{where}", "server_error", code="no_healthy_node"),
+                                status_code=503)
+        return await self.failover(request, routed, decision.nodes)
+
+    async def failover(self, request: Request, routed: Routed, candidates: list[str]) -> Response | dict:
+        """The first candidate's answer; the next candidate's if it fails before the first byte."""
+        for attempt, url in enumerate(candidates[:MAX_ATTEMPTS]):
+            if routed.deadline is not None and time.monotonic() >= routed.deadline:
+                break
+            node = self.nodes.nodes[url]
+            payload = routed.raw
+            if len(self.tiers) > 1 and routed.body is not None and node.models and \
+                    (routed.model is None or routed.model in self.model_names()):
+                payload = json.dumps({**routed.body, "model": node.models[0]}).encode()  # the tier's own model
+            if routed.session and attempt:
+                self.sessions.note(routed.session, url, False)  # failed over: the prefix now grows there
+            try:
+                return await self.send(request, node, payload, routed)
+            except _Failed as e:
+                log.warning("node %s failed before the first byte (%s)%s", url, e,
+                            "; failing over" if attempt + 1 < MAX_ATTEMPTS else "")
+                self.metrics.failovers.labels(url).inc()
+        if routed.deadline is not None and time.monotonic() >= routed.deadline:
+            self.metrics.degraded.labels("deadline").inc()
+            if routed.stream:
+                return StreamingResponse(iter([wire.silence_sse(routed.kind, routed.model)]),
+                                         media_type="text/event-stream")
+            return wire.silence(routed.kind, routed.model)
+        self.metrics.degraded.labels("nodes_failed").inc()
+        return JSONResponse(error_body("the nodes tried for this request failed before answering", "server_error",
+                                       code="upstream_failed"), status_code=502)
+
+    def forward_headers(self, request: Request, routed: Routed) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        for name in ("x-session-id", "x-completion-kind"):
+            if name in request.headers:
+                h[name] = request.headers[name]
+        if not routed.deadline_ok:
+            h["X-Deadline-Ms"] = request.headers["x-deadline-ms"]  # the node answers the 400
+        elif routed.deadline is not None:
+            h["X-Deadline-Ms"] = f"{max(1.0, (routed.deadline - time.monotonic()) * 1000):.0f}"
+        auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
+        if auth:
+            h["Authorization"] = auth
+        return h
+
+    async def send(self, request: Request, node: Node, payload: bytes, routed: Routed) -> Response:
+        """One attempt on one node. Raises _Failed while nothing has reached the client yet."""
+        node.in_flight += 1
+        self.metrics.requests.labels(node.url).inc()
+        deadline = routed.deadline
+        resp: httpx.Response | None = None
+        handed_over = False  # the relay generator owns resp and in_flight from here
+        try:
+            req = self.http.build_request("POST", node.url + routed.path, content=payload,
+                                          headers=self.forward_headers(request, routed))
+            try:
+                async with asyncio.timeout_at(deadline):
+                    resp = await unless_disconnected(request, self.http.send(req, stream=True))
+            except ClientGone:
+                return Response(status_code=499)
+            except httpx.ConnectError as e:
+                self.nodes.mark_down(node, f"refused a connection: {e}")
+                raise _Failed(repr(e)) from None
+            except httpx.HTTPError as e:
+                raise _Failed(repr(e)) from None
+            if resp.status_code >= 500:
+                raise _Failed(f"HTTP {resp.status_code}")
+            media = resp.headers.get("content-type", "application/json")
+            headers = {"X-Warmpath-Node": node.url}
+            if resp.status_code != 200:  # bad input, auth, unknown model: the node's answer, as it gave it
+                body = await _read_all(resp, deadline)
+                return Response(body, status_code=resp.status_code, media_type=media, headers=headers)
+            if routed.stream and media.startswith("text/event-stream"):
+                events = wire.sse_events(resp.aiter_raw())
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        first = await unless_disconnected(request, anext(events))
+                except ClientGone:  # a newer keystroke: closing the upstream stream (below) aborts it on the node
+                    return Response(status_code=499)
+                except (httpx.HTTPError, StopAsyncIteration) as e:
+                    raise _Failed(repr(e)) from None
+                stream = self.relay(first, events, resp, node, routed)
+                handed_over = True
+                # Started here, so its cleanup (in-flight count, upstream close) runs even if the client is gone
+                # before the response starts iterating: a started async generator is closed when collected.
+                head = await anext(stream)
+                return StreamingResponse(_prepend(head, stream), media_type=media,
+                                         headers={**headers, **wire.SSE_HEADERS})
+            try:
+                body = await unless_disconnected(request, _read_all(resp, deadline))
+            except ClientGone:  # closing the upstream connection (below) aborts the request
+                return Response(status_code=499)
+            if routed.key is not None and complete_answer(body, streamed=False):
+                self.cache.put(routed.key, body, media)
+            return Response(body, media_type=media, headers=headers)
+        except TimeoutError:  # past the deadline before the answer: silence, the upstream is closed below
+            self.metrics.degraded.labels("deadline").inc()
+            if routed.stream:
+                return StreamingResponse(iter([wire.silence_sse(routed.kind, routed.model)]),
+                                         media_type="text/event-stream", headers={"X-Warmpath-Node": node.url})
+            return JSONResponse(wire.silence(routed.kind, routed.model), headers={"X-Warmpath-Node": node.url})
+        except httpx.HTTPError as e:  # lost while reading a non-streamed body: nothing was sent yet
+            raise _Failed(repr(e)) from None
+        finally:
+            if not handed_over:
+                node.in_flight -= 1
+                if resp is not None:
+                    await resp.aclose()
+
+    async def relay(self, first: bytes, events: AsyncIterator[bytes], resp: httpx.Response, node: Node,
+                    routed: Routed) -> AsyncIterator[bytes]:
+        kept = bytearray(first) if routed.key is not None else None
+        try:
+            yield first
+            while True:
+                try:
+                    async with asyncio.timeout_at(routed.deadline):
+                        event = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    self.metrics.degraded.labels("deadline").inc()
+                    yield wire.silence_sse(routed.kind, routed.model).encode()
+                    return
+                except httpx.HTTPError as e:
+                    log.warning("node %s failed mid-stream: %r", node.url, e)
+                    self.metrics.degraded.labels("mid_stream_failure").inc()
+                    yield wire.sse_error("the node serving this stream failed; the answer is incomplete",
+                                         "upstream_failed").encode()
+                    return
+                if kept is not None:
+                    kept += event
+                yield event
+            if kept is not None and complete_answer(bytes(kept), streamed=True):
+                self.cache.put(routed.key, bytes(kept), "text/event-stream")
+        finally:  # also on client disconnect (the generator is closed): the node sees its stream closed
+            node.in_flight -= 1
+            await resp.aclose()
+
+
+async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        yield head
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
+
+
+async def _read_all(resp: httpx.Response, deadline: float | None) -> bytes:
+    async with asyncio.timeout_at(deadline):
+        return await resp.aread()

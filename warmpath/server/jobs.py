@@ -1,0 +1,153 @@
+"""A request's life in the server: built from a validated body (a Job), refused at once if it cannot start
+before its deadline, run through the AsyncEngine as text deltas, and recorded in the metrics when it ends
+(however it ends: finished, late, refused, or abandoned by its client)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from warmpath.api.asgi import parse_deadline, session_key
+from warmpath.api.protocol import ApiError, SamplingFields
+from warmpath.api.responses import new_id, usage
+from warmpath.engine.async_engine import AsyncEngine
+from warmpath.engine.detokenizer import IncrementalDetokenizer
+from warmpath.engine.engine import Engine
+from warmpath.engine.metrics import Metrics
+from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams
+from warmpath.server.prompts import SuffixCutter
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
+           FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
+
+
+@dataclass
+class Job:
+    """One HTTP request on its way through the engine."""
+
+    request_id: str
+    kind: str  # "completion" | "chat"
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str]
+    session_id: str | None
+    received: float  # time.monotonic() at receipt
+    deadline: float | None
+    cutter: SuffixCutter | None = None
+    fim_mode: str | None = None
+    text: str = ""
+    num_generated: int = 0
+    num_cached: int = 0
+    finish_reason: str | None = None
+    first_token: float | None = None
+
+    def usage(self) -> dict:
+        return usage(len(self.prompt_ids), self.num_generated, self.num_cached)
+
+
+class Jobs:
+    """Builds, runs and records the jobs of one engine."""
+
+    def __init__(self, engine: Engine, async_engine: AsyncEngine, metrics: Metrics):
+        self.engine, self.async_engine, self.metrics = engine, async_engine, metrics
+
+    def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
+             max_tokens: int | None) -> Job:
+        """A job for this prompt, or ApiError (400) if it does not fit the model or its parameters are bad."""
+        max_len = self.engine.max_model_len
+        if max_tokens is None:
+            max_tokens = max(1, max_len - len(prompt_ids))
+        elif len(prompt_ids) + max_tokens > max_len:
+            raise ApiError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the "
+                                f"model's context of {max_len} tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        try:
+            params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                    top_k=body.top_k, seed=body.seed)
+            self.engine.validate(prompt_ids, params)
+        except (ValueError, PromptTooLongError) as e:
+            raise ApiError(400, str(e), param="prompt") from None
+        return Job(new_id(kind[:4]), kind, prompt_ids, params, body.stop or [], session_key(headers, body.user),
+                   received, parse_deadline(headers, received))
+
+    def refuse_if_overloaded(self, job: Job) -> bool:
+        """Can the job not even start before its deadline, given the work queued ahead of it? Then it is
+        recorded as "overloaded" (its answer is silence) and never submitted."""
+        if job.deadline is None or time.monotonic() + self.async_engine.estimate_wait() <= job.deadline:
+            return False
+        self.metrics.aborted.labels("overloaded").inc()
+        self.metrics.requests.labels("overloaded").inc()
+        job.finish_reason = "overloaded"
+        return True
+
+    def check_alive(self) -> None:
+        if not self.async_engine.alive:
+            raise ApiError(503, "the engine loop is not running", "server_error", code="engine_dead")
+
+    async def run(self, job: Job) -> AsyncIterator[str]:
+        """Text deltas; sets job.finish_reason. Enforces the deadline itself (the engine only sees it at step
+        boundaries, which may be long). Closing it early aborts the request in the engine."""
+        detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop)
+        gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline)
+        try:
+            while True:
+                timeout = None if job.deadline is None else max(0.0, job.deadline - time.monotonic())
+                try:
+                    out = await asyncio.wait_for(anext(gen), timeout)
+                except (TimeoutError, StopAsyncIteration):
+                    job.finish_reason = "deadline"
+                    self.metrics.aborted.labels("deadline").inc()
+                    return
+                delta = self._take(job, out, detok)
+                if delta:
+                    job.text += delta
+                    yield delta
+                if detok.stopped or (job.cutter and job.cutter.cut):
+                    job.finish_reason = "stop"
+                    return
+                if out.finished:
+                    job.finish_reason = "stop" if detok.stopped else _FINISH[out.finish_reason]
+                    if job.finish_reason == "deadline":
+                        self.metrics.aborted.labels("deadline").inc()
+                    return
+        finally:
+            await gen.aclose()  # aborts the request in the engine unless it finished
+            self.record(job)
+
+    async def collect(self, job: Job) -> None:
+        """Runs the job to its end; its text is in job.text."""
+        async for _ in self.run(job):
+            pass
+
+    @staticmethod
+    def _take(job: Job, out: RequestOutput, detok: IncrementalDetokenizer) -> str:
+        """One engine output into the job's counts; the new text it makes visible."""
+        job.num_cached = out.num_cached_tokens
+        if out.new_token_ids and job.first_token is None:
+            job.first_token = time.monotonic()
+        job.num_generated = len(out.token_ids)
+        delta = detok.add(out.new_token_ids)
+        if out.finished:
+            delta += detok.finish()
+        if job.cutter:
+            delta = job.cutter.feed(delta, final=out.finished or detok.stopped)
+        return delta
+
+    def record(self, job: Job) -> None:
+        m = self.metrics
+        if job.finish_reason is None:  # the client went away
+            m.aborted.labels("client").inc()
+            job.finish_reason = "abort"
+        m.requests.labels(job.finish_reason).inc()
+        m.prompt_tokens.inc(len(job.prompt_ids))
+        m.generation_tokens.inc(job.num_generated)
+        if job.finish_reason in ("abort", "deadline"):
+            m.wasted_tokens.inc(job.num_generated)
+        now = time.monotonic()
+        m.e2e.observe(now - job.received)
+        if job.first_token is not None:
+            m.ttft.observe(job.first_token - job.received)
+            if job.num_generated > 1:
+                m.tpot.observe((now - job.first_token) / (job.num_generated - 1))
