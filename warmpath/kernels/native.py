@@ -1,9 +1,11 @@
-"""The native CPU decode step (cpu_decode.c): built with the system C compiler on first use, called via ctypes.
+"""The native CPU forward pass (cpu/forward.c and the headers it includes): built with the system C compiler on
+first use, called via ctypes.
 
 NativeDecoder holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
-fp32 for anything else) and computes a step's short sequences (decodes, and chunks of a few tokens over a
-cached context) in one call, over the same paged KV cache the torch model uses: long prefills stay in torch
-(large matmuls), the few-row work comes here (weight reads and per-op overhead).
+fp32 for anything else) and computes a step's sequences in one call, over the same paged KV cache the torch model
+uses. Which sequences come here is NativeDecoder.takes: with fp32 activations the few-row work (decodes, chunks
+of a few tokens over a cached context, short prompts: weight reads and per-op overhead), long contexts staying in
+torch; with int8 activations every sequence.
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_ro
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu") / "forward.c"
+SOURCE = Path(__file__).with_name("cpu") / "forward.c"  # the one translation unit; it includes the cpu/ headers
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
 # Which sequences of a step run here (NativeDecoder.takes): with fp32 activations, any of at most MAX_CHUNK new
 # tokens (decodes, the new tokens of a warm request), and a prompt chunk whose whole context is at most
-# NATIVE_CONTEXT tokens (its products as fast as torch's GEMMs, in one pass with the step's decodes: measured
-# 0.80x torch's time for a 256-token prompt, 0.90x for 512); longer contexts go to torch, whose attention over
-# many cached tokens wins. With int8 activations every sequence (the products' 2x outweighs the attention:
-# 2,048-token prompt 4.36 vs 5.25 s, 4,000: 13.1 vs 15.1), so a prompt's numerics never depend on its chunks.
+# NATIVE_CONTEXT tokens (there its products are at least as fast as torch's GEMMs, in one pass with the step's
+# decodes); longer contexts go to torch, whose attention over many cached tokens wins. With int8 activations
+# every sequence (the integer products' gain outweighs torch's attention, long prompts included; README, "int8"),
+# so a prompt's numerics never depend on its chunks.
 MAX_CHUNK = 32
 NATIVE_CONTEXT = 512
 
@@ -71,12 +73,20 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def _source_digest() -> bytes:
+    """Every C source of the kernel's directory (forward.c and its headers), by name and content: a change to any
+    of them builds a new library."""
+    h = hashlib.sha256()
+    for f in sorted(SOURCE.parent.glob("*.[ch]")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.digest()
+
+
 @cache
 def load_library() -> ctypes.CDLL:
-    """Compile cpu_decode.c for this CPU (once; cached under $WARMPATH_HOME/kernels) and load it."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    out = warmpath_home() / "kernels" / f"cpu_decode-{platform.machine()}-{key}.so"
+    """Compile cpu/forward.c for this CPU (once; cached under $WARMPATH_HOME/kernels) and load it."""
+    key = hashlib.sha256(_source_digest() + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    out = warmpath_home() / "kernels" / f"cpu_forward-{platform.machine()}-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         cc = os.environ.get("CC", "cc")
@@ -112,10 +122,10 @@ GROUP = 8  # output rows per packed group: one AVX2 vector
 
 
 def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
-    """The kernel's weight layout (cpu_decode.c, "Packed weights"): rows in groups of 8, zero rows padding the
+    """The kernel's weight layout (cpu/matmul.h, "Packed weights"): rows in groups of 8, zero rows padding the
     last; each group a run of its 32-column blocks with the group's 8 rows interleaved, so that one load gives
     8 rows' values at one column. The same values as the checkpoint's blocks, about the same bytes.
-    int8_activations: the quants in the order the int8 products read them (cpu_decode.c, "Int8 activations")."""
+    int8_activations: the quants in the order the int8 products read them (cpu/matmul.h, "Int8 activations")."""
     if q.cols % BLOCK:
         raise NativeKernelError(f"the native kernel needs rows of a multiple of {BLOCK} values, got {q.cols}")
     groups, nb = -(-q.rows // GROUP), q.cols // BLOCK
@@ -182,7 +192,7 @@ class NativeDecoder:
         """weights: "checkpoint" reads the checkpoint's own quantized blocks where it has them and the fp32
         weights elsewhere (both are the values the torch model computes with); "f32" reads fp32 everywhere.
         activations: "fp32" (exact, the torch model's products up to summation order) or "int8" (the checkpoint's
-        Q4_1 / Q8_0 products on int8-quantized activations, cpu_decode.c "Int8 activations": faster, less precise;
+        Q4_1 / Q8_0 products on int8-quantized activations, cpu/matmul.h "Int8 activations": faster, less precise;
         a model with neither, e.g. an fp32 HF directory, stays "fp32")."""
         cfg = model.cfg
         if model.embed.dtype != torch.float32 or kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":

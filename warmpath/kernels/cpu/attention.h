@@ -1,0 +1,326 @@
+/* Paged attention over warmpath's KV cache, for a step's rows of many sequences. */
+#pragma once
+
+#include "common.h"
+
+#define SPLIT 64 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
+
+#define KV_PREFETCH 6 /* tokens ahead */
+#define ONE_ROW_AHEAD 16 /* tokens ahead, for a decode row */
+
+static inline float dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.f;
+#ifdef WP_SIMD
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* v[i] = exp(v[i] - mx) for i < n; returns their sum. */
+static float exp_shifted(float *v, int n, float mx) {
+    int i = 0;
+    float sum = 0.f;
+#ifdef WP_SIMD
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(v + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum(acc);
+#endif
+    for (; i < n; i++) sum += (v[i] = expf(v[i] - mx));
+    return sum;
+}
+
+/* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache:
+   each K/V row once for the G heads. s holds G x SPLIT scores. Same output as attend_span. Prefetches
+   floats pf0..pf1 of each token's K and V rows (relative to this head's): the first KV head of a task fetches
+   whole rows, the others find them in cache. */
+static void attend_one_row(const float *q, const float *kc, const float *vc, const int32_t *table, int bs,
+                           int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part,
+                           int64_t pf0, int64_t pf1) {
+    const int n = (int)(t1 - t0);
+    const float *rows[SPLIT]; /* where each token's K (and, at the same offset, V) row lies */
+    for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
+    const int64_t v_off = vc - kc;
+    /* K/V rows are scattered over blocks and a decode step's whole cache is read once from memory: fetch
+       ONE_ROW_AHEAD tokens ahead of use (the first ones now). */
+    for (int u = 0; u < n && u < ONE_ROW_AHEAD; u++)
+        for (int64_t o = pf0; o < pf1; o += 16) __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
+    int t = 0;
+#ifdef WP_SIMD
+    if (hd % 8 == 0)
+        for (; t + 8 <= n; t += 8) { /* 8 tokens at a time: 8 independent chains, reduced to 8 scores at once */
+            for (int u = t + ONE_ROW_AHEAD; u < t + 8 + ONE_ROW_AHEAD && u < n; u++)
+                for (int64_t o = pf0; o < pf1; o += 16) __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
+            for (int j = 0; j < G; j++) {
+                __m256 acc[8];
+                for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+                for (int d = 0; d < hd; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(q + j * hd + d);
+                    for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[t + u] + d), acc[u]);
+                }
+                const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+                const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+                const __m256 sc = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                _mm256_storeu_ps(s + j * SPLIT + t, _mm256_mul_ps(sc, _mm256_set1_ps(scale)));
+            }
+        }
+#endif
+    for (; t < n; t++)
+        for (int j = 0; j < G; j++) s[j * SPLIT + t] = dot(q + j * hd, rows[t], hd) * scale;
+    for (int j = 0; j < G; j++) {
+        float *sj = s + j * SPLIT, *pj = part + j * (hd + 2), *o = pj + 2, mx = -INFINITY;
+        for (int u = 0; u < n; u++) mx = sj[u] > mx ? sj[u] : mx;
+        pj[0] = mx;
+        pj[1] = exp_shifted(sj, n, mx);
+        int d0 = 0;
+#ifdef WP_SIMD
+        for (; d0 + 64 <= hd; d0 += 64) { /* 64 output values in 8 registers over the span: 8 chains */
+            __m256 acc[8];
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+            for (int u = 0; u < n; u++) {
+                const float *v = rows[u] + v_off + d0;
+                const __m256 p = _mm256_set1_ps(sj[u]);
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+            }
+            for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+        }
+        for (; d0 + 8 <= hd; d0 += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int u = 0; u < n; u++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(sj[u]), _mm256_loadu_ps(rows[u] + v_off + d0), acc);
+            _mm256_storeu_ps(o + d0, acc);
+        }
+#endif
+        for (int d = d0; d < hd; d++) o[d] = 0.f;
+        for (int u = 0; u < n && d0 < hd; u++)
+            for (int d = d0; d < hd; d++) o[d] += sj[u] * rows[u][v_off + d];
+    }
+}
+
+#ifdef WP_SIMD
+/* NQ (1 or 2) rows x 32 columns of a small product in registers: acc[j][k] holds columns 8k..8k+7 of the sum
+   over i < n, in order, of a[j * lda + i] times the 32 floats at m + i * ldm + off (one fused multiply-add
+   chain each). Scores: queries times Kt's columns; outputs: softmax weights times Vs's rows. */
+AI void span_product(const float *a, int lda, const float *m, int ldm, int off, int n, const int NQ, __m256 acc[2][4]) {
+    for (int j = 0; j < NQ; j++)
+        for (int k = 0; k < 4; k++) acc[j][k] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        __m256 b[2];
+        for (int j = 0; j < NQ; j++) b[j] = _mm256_set1_ps(a[j * lda + i]);
+        const float *row = m + i * ldm + off;
+        for (int k = 0; k < 4; k++) {
+            const __m256 v = _mm256_loadu_ps(row + 8 * k);
+            for (int j = 0; j < NQ; j++) acc[j][k] = _mm256_fmadd_ps(b[j], v, acc[j][k]);
+        }
+    }
+}
+#endif
+
+/* NQ (1 or 2) query heads, q[a * hd..], over nv keys of a span staged in Kt [hd][SPLIT] and Vs [SPLIT][hd]:
+   scores, softmax pieces and the unnormalized output into part[a * (hd + 2)..]. s holds NQ x SPLIT floats. */
+AI void span_queries(const float *q, int hd, const float *Kt, const float *Vs, int nv, float scale, float *s,
+                     float *part, const int NQ) {
+#ifdef WP_SIMD
+    for (int t = 0; t < nv; t += 32) { /* 32 keys x NQ queries in registers; Kt is zero-padded to SPLIT */
+        __m256 acc[2][4];
+        span_product(q, hd, Kt, SPLIT, t, hd, NQ, acc);
+        for (int a = 0; a < NQ; a++)
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_ps(s + a * SPLIT + t + 8 * k, _mm256_mul_ps(acc[a][k], _mm256_set1_ps(scale)));
+    }
+#else
+    for (int a = 0; a < NQ; a++)
+        for (int t = 0; t < nv; t++) {
+            float v = 0.f;
+            for (int d = 0; d < hd; d++) v += q[a * hd + d] * Kt[d * SPLIT + t];
+            s[a * SPLIT + t] = v * scale;
+        }
+#endif
+    for (int a = 0; a < NQ; a++) {
+        float *sa = s + a * SPLIT, mx = -INFINITY;
+        for (int t = 0; t < nv; t++) mx = sa[t] > mx ? sa[t] : mx;
+        part[a * (hd + 2)] = mx;
+        part[a * (hd + 2) + 1] = exp_shifted(sa, nv, mx);
+    }
+    int d0 = 0;
+#ifdef WP_SIMD
+    for (; d0 + 32 <= hd; d0 += 32) { /* 32 output values x NQ queries in registers over the span */
+        __m256 acc[2][4];
+        span_product(s, SPLIT, Vs, hd, d0, nv, NQ, acc);
+        for (int a = 0; a < NQ; a++)
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(part + a * (hd + 2) + 2 + d0 + 8 * k, acc[a][k]);
+    }
+#endif
+    for (int a = 0; a < NQ; a++) {
+        float *o = part + a * (hd + 2) + 2;
+        for (int d = d0; d < hd; d++) o[d] = 0.f;
+        for (int t = 0; t < nv && d0 < hd; t++)
+            for (int d = d0; d < hd; d++) o[d] += s[a * SPLIT + t] * Vs[t * hd + d];
+    }
+}
+
+/* One task: the queries of one sequence's new rows (nrows x G heads of KV head g) over context tokens
+   t0..t1. K is transposed into Kt [hd][SPLIT] and V copied into Vs [SPLIT][hd] once, then every query
+   reuses them from L1/L2. Row i (position p0 + i) sees tokens t <= p0 + i. Writes per query: [max score, sum
+   of exp, unnormalized output (hd values)]. */
+static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, const float *kc, const float *vc,
+                        const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0,
+                        int64_t t1, float *Kt, float *Vs, float *s, float *part) {
+    const int n = (int)(t1 - t0);
+    for (int t = 0; t < n; t++) {
+        const int64_t slot = (int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs;
+        const float *k = kc + slot * tok, *v = vc + slot * tok;
+        if (t + KV_PREFETCH < n) {
+            const int64_t ahead = (int64_t)table[(t0 + t + KV_PREFETCH) / bs] * bs + (t0 + t + KV_PREFETCH) % bs;
+            for (int o = 0; o < hd; o += 16) {
+                __builtin_prefetch(kc + ahead * tok + o);
+                __builtin_prefetch(vc + ahead * tok + o);
+            }
+        }
+        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = k[d];
+        memcpy(Vs + t * hd, v, hd * sizeof(float));
+    }
+    for (int d = 0; d < hd; d++)
+        for (int t = n; t < SPLIT; t++) Kt[d * SPLIT + t] = 0.f;
+    for (int i = 0; i < nrows; i++) {
+        const int nv = (int)((p0 + i + 1 < t1 ? p0 + i + 1 : t1) - t0); /* causal: keys this row may see */
+        for (int j = 0; j < G; j += 2) { /* two heads of the row at a time: each K/V load feeds two FMAs */
+            const int nq = G - j >= 2 ? 2 : 1;
+            const float *q = qkv + (int64_t)i * qkv_w + j * hd;
+            float *pj = part + ((int64_t)i * G + j) * (hd + 2);
+            if (nv <= 0) {
+                for (int a = 0; a < nq; a++) {
+                    float *pa = pj + a * (hd + 2);
+                    pa[0] = -INFINITY, pa[1] = 0.f;
+                    for (int d = 0; d < hd; d++) pa[2 + d] = 0.f;
+                }
+                continue;
+            }
+            if (nq == 2)
+                span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 2);
+            else
+                span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 1);
+        }
+    }
+}
+
+/* A step's attention layout, the same for every layer: tasks are (sequence, span of SPLIT tokens) for a
+   decode row, all KV heads at once, and (sequence, KV head, span) for a chunk; each writes its partial
+   results ([max score, sum of exp, unnormalized output] per query head and row) at its own place in parts.
+   Planned and allocated once per forward pass. */
+typedef struct {
+    int *first;    /* [S + 1] first task of each sequence */
+    int64_t *poff; /* [S + 1] where its partial results start */
+    int *row_seq;  /* [R] the sequence of each row */
+    float *parts, *work;
+    int64_t scratch; /* floats of work per thread */
+} attn_plan;
+
+static void free_plan(attn_plan *P) { free(P->first), free(P->poff), free(P->row_seq), free(P->parts), free(P->work); }
+
+static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *start, int nthreads,
+                          attn_plan *P) {
+    const int KVH = M->num_kv_heads, hd = M->head_dim, G = M->num_heads / KVH;
+    memset(P, 0, sizeof(*P));
+    P->first = (int *)malloc((size_t)(S + 1) * sizeof(int));
+    P->poff = (int64_t *)malloc((size_t)(S + 1) * sizeof(int64_t));
+    P->row_seq = (int *)malloc((size_t)seq_rows[S] * sizeof(int) + 1);
+    if (!P->first || !P->poff || !P->row_seq) return free_plan(P), -1;
+    P->first[0] = 0, P->poff[0] = 0;
+    for (int sq = 0; sq < S; sq++) {
+        const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+        const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
+        for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) P->row_seq[r] = sq;
+        P->first[sq + 1] = P->first[sq] + (nrows == 1 ? nspan : KVH * nspan); /* a decode row's task: all KV heads */
+        P->poff[sq + 1] = P->poff[sq] + (int64_t)KVH * nspan * nrows * G * (hd + 2);
+    }
+    P->scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > 2 ? G : 2) * SPLIT;
+    P->parts = (float *)malloc((size_t)P->poff[S] * sizeof(float));
+    P->work = (float *)malloc((size_t)nthreads * P->scratch * sizeof(float));
+    if (!P->parts || !P->work) return free_plan(P), -1;
+    return 0;
+}
+
+/* Writes the new rows' K/V into their slots, then attends every query head of every row over its
+   sequence's context (the tasks of plan P), then merges each row's spans with the usual max/sum rescaling.
+   Rows of sequence s are seq_rows[s]..seq_rows[s+1], at positions start[s]... */
+static void attention(const wp_model *M, int layer, int S, const int32_t *seq_rows, const int64_t *start,
+                      const int32_t *tables, int width, const float *qkv, float *kv, float *out, int nthreads,
+                      const attn_plan *P) {
+    const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size;
+    const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd;
+    const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok;
+    float *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
+    const int *first = P->first;
+    const int64_t *poff = P->poff;
+    float *parts = P->parts;
+    for (int sq = 0; sq < S; sq++)
+        for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
+            const int64_t p = start[sq] + (r - seq_rows[sq]);
+            const int64_t slot = (int64_t)tables[(int64_t)sq * width + p / bs] * bs + p % bs;
+            memcpy(kc + slot * tok, qkv + (int64_t)r * qkv_w + H * hd, tok * sizeof(float));
+            memcpy(vc + slot * tok, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
+        }
+    const int tasks = first[S];
+#pragma omp parallel num_threads(nthreads)
+    {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        float *w = P->work + (int64_t)thread * P->scratch;
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < tasks; task++) {
+            int sq = 0;
+            while (first[sq + 1] <= task) sq++;
+            const int nrows = seq_rows[sq + 1] - seq_rows[sq], idx = task - first[sq];
+            const int64_t ctx = start[sq] + nrows, nspan = (ctx + SPLIT - 1) / SPLIT;
+            const int64_t stride = (int64_t)nrows * G * (hd + 2); /* one (KV head, span)'s partial results */
+            const int c = nrows == 1 ? idx : (int)(idx % nspan);
+            const int64_t t0 = (int64_t)c * SPLIT, t1 = t0 + SPLIT < ctx ? t0 + SPLIT : ctx;
+            const float *q = qkv + (int64_t)seq_rows[sq] * qkv_w;
+            const int32_t *table = tables + (int64_t)sq * width;
+            if (nrows == 1) { /* decode: too few queries to pay for staging K/V; read them in place, whole rows */
+                for (int g = 0; g < KVH; g++)
+                    attend_one_row(q + g * G * hd, kc + g * hd, vc + g * hd, table, bs, tok, G, hd, M->scale, t0, t1,
+                                   w, parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok);
+            } else {
+                const int g = (int)(idx / nspan);
+                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd, table, bs, tok, G,
+                            hd, M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
+                            parts + poff[sq] + idx * stride);
+            }
+        }
+        /* The merge, a row per iteration (a prompt chunk has hundreds). */
+#pragma omp for schedule(static)
+        for (int r = 0; r < seq_rows[S]; r++) {
+            const int sq = P->row_seq[r], nrows = seq_rows[sq + 1] - seq_rows[sq], i = r - seq_rows[sq];
+            const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
+            const int64_t stride = (int64_t)nrows * G * (hd + 2); /* from one span's task to the next */
+            for (int h = 0; h < H; h++) {
+                const int g = h / G, j = h % G;
+                const float *p0 = parts + poff[sq] + (int64_t)g * nspan * stride + ((int64_t)i * G + j) * (hd + 2);
+                float mx = -INFINITY, sum = 0.f;
+                for (int c = 0; c < nspan; c++) mx = p0[c * stride] > mx ? p0[c * stride] : mx;
+                float *o = out + (int64_t)r * H * hd + h * hd;
+                for (int d = 0; d < hd; d++) o[d] = 0.f;
+                for (int c = 0; c < nspan; c++) {
+                    const float *pc = p0 + c * stride;
+                    if (pc[1] == 0.f) continue; /* a span wholly after this row's position */
+                    const float wt = expf(pc[0] - mx);
+                    sum += wt * pc[1];
+                    for (int d = 0; d < hd; d++) o[d] += wt * pc[2 + d];
+                }
+                const float inv = 1.0f / sum;
+                for (int d = 0; d < hd; d++) o[d] *= inv;
+            }
+        }
+    }
+}

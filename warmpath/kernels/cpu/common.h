@@ -1,0 +1,114 @@
+/* Shared by the kernel's parts: the structs native.py mirrors with ctypes (Matrix, Layer, Model), SIMD
+   detection (WP_SIMD: AVX2 + FMA + F16C, else the portable path), and small helpers. */
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define WP_SIMD 1
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Matrix kinds (native.py KINDS) and activation modes. */
+enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };
+#define WP_ACT_INT8 1
+
+/* The model as native.py hands it over (its ctypes structs Matrix, Layer, Model mirror these). */
+typedef struct {
+    int32_t type, rows, cols, act; /* act: WP_ACT_INT8 for int8 activations (Q4_1, Q8_0), else 0 */
+    const uint8_t *data;
+    const float *bias; /* [rows] or NULL */
+} wp_matrix;
+
+typedef struct {
+    const float *input_norm, *post_attention_norm;
+    wp_matrix qkv, o, gate_up, down;
+} wp_layer;
+
+typedef struct {
+    int32_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, vocab, block_size,
+        max_positions, num_kv_blocks;
+    float eps, scale;
+    const float *embed; /* [vocab][hidden] */
+    const float *norm;  /* [hidden] */
+    const float *rope;
+    const wp_layer *layers;
+    wp_matrix head;
+} wp_model;
+
+/* Kernels the compiler must inline: their shape parameters become constants. */
+#define AI static inline __attribute__((always_inline))
+
+/* Rows of per-row work (norms, RoPE, SiLU, residuals) are split over the threads when there are many
+   (a prompt chunk); a few decode rows are not worth a parallel region. */
+#define PAR_ROWS 16
+
+/* IEEE half -> float, for the portable path (the SIMD path uses F16C). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            uint32_t m = man;
+            do {
+                e++;
+                m <<= 1;
+            } while (!(m & 1024));
+            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (m & 1023) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | man << 13;
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float load_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef WP_SIMD
+    return _cvtsh_ss(h);
+#else
+    return half_to_float(h);
+#endif
+}
+
+#ifdef WP_SIMD
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+#ifdef WP_SIMD
+/* exp(x) for 8 floats: Cephes' polynomial (about 1 ulp over the range softmax and SiLU use). */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif

@@ -1,0 +1,150 @@
+/* The matrix products y = x @ W.T over packed weights: the layout and numerics, the thread split (matmul),
+   the register tiles and panels (tiles.h, panels.h; portable.h without AVX2). */
+#pragma once
+
+#include "common.h"
+
+/* Packed weights (native.py pack()): rows in groups of 8, one AVX2 vector of outputs; a group is a run of its
+   cols/32 blocks, each block the group's 8 rows interleaved so one load serves all 8 at one column:
+     WP_Q4_1: 160 bytes: fp16 d[8], fp16 m[8], then for each column pair p: 8 bytes, byte j = q[j][2p] | q[j][2p+1] << 4
+     WP_Q8_0: 272 bytes: fp16 d[8], then for each column k: 8 int8, q[j][k]
+     WP_F32:  1024 bytes: float w[k][8]
+   Rows are padded with zeros to a multiple of 8.
+
+   Numerics, the same for every output whatever the batch (bit for bit; native.py's tests pin it): with
+   w = d * q (exact in fp32: a 4- or 8-bit integer times an fp16 scale),
+     y = S + M,  S = sum over all columns k, in order, of w_k * x_k (one fused multiply-add chain from 0),
+                 M = sum over blocks b, in order, of m_b * X_b (Q4_1's min times the block's sum of x; 0 else);
+   F32: S alone. Then + bias. One chain per output and no per-block step inside it keeps the inner loops
+   pure multiply-adds, whether the weights are converted in registers (tile) or once into a panel (panel_tile).
+
+   Int8 activations (a Q4_1 or Q8_0 matrix with act = WP_ACT_INT8, native.py pack(..., int8_activations=True)):
+   each row of x is quantized per block of 32 columns, xq = round(x / dx) with dx = max|x| / 127 (llama.cpp's
+   Q8 activations; round to nearest, ties to even), and
+     y = S8 + M,  S8 = sum over blocks b, in order, of (d_b * dx_b) * I_b (one fused multiply-add chain from 0),
+                  I_b = the block's sum of q_k * xq_k (exact, in integers); M as above, from the fp32 x.
+   Integer products run 32 multiply-adds per instruction (vpmaddubsw) where fp32 runs 8 per FMA: faster
+   products on AVX2 without AVX-512 / AMX, one row's and many rows' (measured: README, "int8"), at a lower
+   precision (like bf16).
+   Batch-invariant too: a row's quantization depends on the row alone. The blocks, in 4-column quads:
+     WP_Q4_1: 160 bytes: fp16 d[8], fp16 m[8], then 4 x 32 bytes; vector v, byte 4j + i =
+              q[j][8v + i] | q[j][8v + 4 + i] << 4 (row j, i = 0..3): the low nibbles are 8 rows x columns
+              8v..8v+3, the high ones 8 rows x columns 8v+4..8v+7
+     WP_Q8_0: 272 bytes: fp16 d[8], then 8 x 32 bytes; vector v, byte 4j + i = q[j][4v + i] */
+#define TILE_R 6       /* most rows of x in one register tile */
+#define PANEL_ROWS 8   /* rows of x from which the panel path (panel_rows) is taken */
+#define PANEL_ROW_BLOCK 96 /* rows of x per pass over the weights in the panel path: 96 x 256 columns, 96 KB (L2) */
+#define PANEL_BLOCKS 8 /* blocks of 32 columns per panel pass: 2 groups x 256 columns x 8 rows = 16 KB */
+static inline int64_t block_bytes(int type) { return type == WP_Q4_1 ? 160 : type == WP_Q8_0 ? 272 : 1024; }
+
+/* The block sums X_b of each row of x (Q4_1's min term), in one fixed order. */
+static void block_sums(const float *x, int D, int64_t K, float *xs) {
+    const int64_t nb = K / 32;
+    for (int r = 0; r < D; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *p = x + (int64_t)r * K + b * 32;
+#ifdef WP_SIMD
+            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)),
+                                           _mm256_add_ps(_mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)));
+            xs[r * nb + b] = hsum(s);
+#else
+            float s = 0.f;
+            for (int k = 0; k < 32; k++) s += p[k];
+            xs[r * nb + b] = s;
+#endif
+        }
+}
+
+/* The kernels: headers that are part of this one and use the layout and macros above. */
+#ifdef WP_SIMD
+#include "tiles.h"
+#include "panels.h"
+#else
+#include "portable.h"
+#endif
+
+/* Rows of x from r0 on (R of them) times the groups g0..g1: whole groups through tiles() (tiles_i8() for int8
+   activations: xq set; skipped when whole_done), a last group of fewer than 8 real rows through a scratch tile
+   so nothing is written past row N. */
+static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, const int8_t *xq, const float *dx,
+                          int R, float *y, int64_t g0, int64_t g1, int fetch, int whole_done) {
+    const int64_t N = W->rows, full = N / 8, g1w = g1 < full ? g1 : full;
+    if (!whole_done && g0 < g1w) {
+        if (xq) tiles_i8(W, xq, dx, xs, R, y + 8 * g0, N, g0, g1w, fetch);
+        else tiles(W, x, xs, R, y + 8 * g0, N, g0, g1w, fetch);
+    }
+    if (g1 > full) { /* the partial group */
+        float tmp[TILE_R * 8];
+        if (xq) tiles_i8(W, xq, dx, xs, R, tmp, 8, full, full + 1, 0);
+        else tiles(W, x, xs, R, tmp, 8, full, full + 1, 0);
+        for (int r = 0; r < R; r++)
+            for (int64_t n = 8 * full; n < N; n++) y[(int64_t)r * N + n] = tmp[r * 8 + (n - 8 * full)];
+    }
+}
+
+/* y[D][rows] = x[D][cols] @ W.T (+ bias): the weight groups split over the threads (each weight read once per
+   step, by one thread), every thread running all rows of x: fp32 in tiles of <= 4 rows or, for 8+ rows,
+   panels; int8 activations in tiles of <= 6 rows, over blocks of I8_ROW_BLOCK rows x I8_GROUPS groups (both
+   in L2 while the tiles pass over them). */
+#define I8_ROW_BLOCK 96
+#define I8_GROUPS 16
+static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
+    const int64_t N = W->rows, K = W->cols, nb = K / 32, NG = (N + 7) / 8;
+    const int int8 = W->act == WP_ACT_INT8 && W->type != WP_F32;
+    float *xs = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
+    float *dx = int8 ? (float *)malloc((size_t)(D * nb + 1) * sizeof(float)) : NULL;
+    int8_t *xq = int8 ? (int8_t *)malloc((size_t)D * K + 1) : NULL;
+    if (!xs || (int8 && (!dx || !xq))) {
+        free(xs), free(dx), free(xq);
+        return -1;
+    }
+    if (W->type == WP_Q4_1) block_sums(x, D, K, xs);
+    if (int8) quantize_rows(x, D, K, xq, dx, nthreads);
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        /* Contiguous group ranges, a multiple of 4 groups each where possible (whole wide tiles). */
+        const int64_t per = ((NG + nt - 1) / nt + 3) / 4 * 4;
+        const int64_t g0 = t * per < NG ? t * per : NG, g1 = g0 + per < NG ? g0 + per : NG;
+        if (int8) {
+            /* A few rows (decodes) stream all the thread's groups once, fetching ahead; many rows go by blocks. */
+            const int64_t chunk = D <= TILE_R ? (g1 - g0 > 0 ? g1 - g0 : 1) : I8_GROUPS;
+            for (int rb0 = 0; rb0 < D; rb0 += I8_ROW_BLOCK) {
+                const int DB = D - rb0 < I8_ROW_BLOCK ? D - rb0 : I8_ROW_BLOCK, T = (DB + TILE_R - 1) / TILE_R;
+                for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
+                    const int64_t c1 = c0 + chunk < g1 ? c0 + chunk : g1;
+                    for (int i = 0, r0 = rb0; i < T; i++) { /* tiles of <= 6 rows, as even as possible */
+                        const int R = DB / T + (i < DB % T);
+                        matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, R,
+                                      y + (int64_t)r0 * N, c0, c1, D <= TILE_R && i == 0, 0);
+                        r0 += R;
+                    }
+                }
+            }
+        } else {
+            int whole_done = 0;
+#ifdef WP_SIMD
+            const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
+            /* many rows: convert each weight once, for all of them (else the tiles below, a failed allocation too) */
+            if (D >= PANEL_ROWS && g0 < f1) whole_done = panel_rows(W, x, xs, D, y + 8 * g0, N, g0, f1) == 0;
+#endif
+            /* x in tiles of <= 4 rows, as even as possible (16 rows: 4 x 4; 6: 3 + 3). */
+            const int T = (D + 3) / 4;
+            for (int i = 0, r0 = 0; i < T; i++) {
+                const int R = D / T + (i < D % T);
+                matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, NULL, NULL, R, y + (int64_t)r0 * N, g0,
+                              g1, i == 0, whole_done);
+                r0 += R;
+            }
+        }
+        if (W->bias)
+            for (int r = 0; r < D; r++)
+                for (int64_t n = 8 * g0; n < 8 * g1 && n < N; n++) y[(int64_t)r * N + n] += W->bias[n];
+    }
+    free(xs), free(dx), free(xq);
+    return 0;
+}
