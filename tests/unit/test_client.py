@@ -7,31 +7,19 @@ import json
 
 import httpx
 import pytest
-from server_harness import running_server, wait_for_step
+from server_harness import CODE, counter, wait_for_step
 
 from warmpath import LLM, SamplingParams
 from warmpath.bench.runner import replay
 from warmpath.cli import main
 from warmpath.client import CANCELLED, COMPLETED, DROPPED, SHOWN, ClientConfig, EditorClient, Target
 from warmpath.client.completion import monotonic_clock
-from warmpath.config import EngineConfig
 from warmpath.workloads import AgentParams, agent_trace
-
-CODE = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_long_dir):
-    # A small token budget makes a ~700-token prompt take ~11 steps: keystrokes land while it is in flight.
-    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=2048, max_num_batched_tokens=64)
-    with running_server(cfg) as (url, app):
-        yield url, app
-
-
-def counter(url: str, name: str, label: str = "") -> float:
-    text = httpx.get(f"{url}/metrics").text
-    prefix = f"{name}{{{label}}}" if label else name
-    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix + " "))
+def server_kv_blocks() -> int:  # the `server` fixture (conftest.py) with a larger pool for this module
+    return 2048
 
 
 def finished(url: str) -> float:
