@@ -5,7 +5,7 @@
 
 #define SPLIT 64 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
 
-#define KV_PREFETCH 6 /* tokens ahead */
+#define KV_PREFETCH 6    /* tokens ahead */
 #define ONE_ROW_AHEAD 16 /* tokens ahead, for a decode row */
 
 static inline float dot(const float *a, const float *b, int n) {
@@ -41,9 +41,9 @@ static float exp_shifted(float *v, int n, float mx) {
    each K/V row once for the G heads. s holds G x SPLIT scores. Same output as attend_span. Prefetches
    floats pf0..pf1 of each token's K and V rows (relative to this head's): the first KV head of a task fetches
    whole rows, the others find them in cache. */
-static void attend_one_row(const float *q, const float *kc, const float *vc, const int32_t *table, int bs,
-                           int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part,
-                           int64_t pf0, int64_t pf1) {
+static void attend_one_row(const float *q, const float *kc, const float *vc, const int32_t *table, int bs, int64_t tok,
+                           int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part, int64_t pf0,
+                           int64_t pf1) {
     const int n = (int)(t1 - t0);
     const float *rows[SPLIT]; /* where each token's K (and, at the same offset, V) row lies */
     for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
@@ -51,13 +51,15 @@ static void attend_one_row(const float *q, const float *kc, const float *vc, con
     /* K/V rows are scattered over blocks and a decode step's whole cache is read once from memory: fetch
        ONE_ROW_AHEAD tokens ahead of use (the first ones now). */
     for (int u = 0; u < n && u < ONE_ROW_AHEAD; u++)
-        for (int64_t o = pf0; o < pf1; o += 16) __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
+        for (int64_t o = pf0; o < pf1; o += 16)
+            __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
     int t = 0;
 #ifdef WP_SIMD
     if (hd % 8 == 0)
         for (; t + 8 <= n; t += 8) { /* 8 tokens at a time: 8 independent chains, reduced to 8 scores at once */
             for (int u = t + ONE_ROW_AHEAD; u < t + 8 + ONE_ROW_AHEAD && u < n; u++)
-                for (int64_t o = pf0; o < pf1; o += 16) __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
+                for (int64_t o = pf0; o < pf1; o += 16)
+                    __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
             for (int j = 0; j < G; j++) {
                 __m256 acc[8];
                 for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
@@ -67,7 +69,8 @@ static void attend_one_row(const float *q, const float *kc, const float *vc, con
                 }
                 const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
                 const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-                const __m256 sc = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                const __m256 sc =
+                    _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
                 _mm256_storeu_ps(s + j * SPLIT + t, _mm256_mul_ps(sc, _mm256_set1_ps(scale)));
             }
         }
@@ -171,8 +174,8 @@ AI void span_queries(const float *q, int hd, const float *Kt, const float *Vs, i
    reuses them from L1/L2. Row i (position p0 + i) sees tokens t <= p0 + i. Writes per query: [max score, sum
    of exp, unnormalized output (hd values)]. */
 static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, const float *kc, const float *vc,
-                        const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0,
-                        int64_t t1, float *Kt, float *Vs, float *s, float *part) {
+                        const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1,
+                        float *Kt, float *Vs, float *s, float *part) {
     const int n = (int)(t1 - t0);
     for (int t = 0; t < n; t++) {
         const int64_t slot = (int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs;
@@ -203,10 +206,8 @@ static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, cons
                 }
                 continue;
             }
-            if (nq == 2)
-                span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 2);
-            else
-                span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 1);
+            if (nq == 2) span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 2);
+            else span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 1);
         }
     }
 }
@@ -289,12 +290,12 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
             const int32_t *table = tables + (int64_t)sq * width;
             if (nrows == 1) { /* decode: too few queries to pay for staging K/V; read them in place, whole rows */
                 for (int g = 0; g < KVH; g++)
-                    attend_one_row(q + g * G * hd, kc + g * hd, vc + g * hd, table, bs, tok, G, hd, M->scale, t0, t1,
-                                   w, parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok);
+                    attend_one_row(q + g * G * hd, kc + g * hd, vc + g * hd, table, bs, tok, G, hd, M->scale, t0, t1, w,
+                                   parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok);
             } else {
                 const int g = (int)(idx / nspan);
-                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd, table, bs, tok, G,
-                            hd, M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
+                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd, table, bs, tok, G, hd,
+                            M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
                             parts + poff[sq] + idx * stride);
             }
         }

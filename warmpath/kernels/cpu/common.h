@@ -31,8 +31,8 @@ typedef struct {
 } wp_layer;
 
 typedef struct {
-    int32_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, vocab, block_size,
-        max_positions, num_kv_blocks;
+    int32_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, vocab, block_size, max_positions,
+        num_kv_blocks;
     float eps, scale;
     const float *embed; /* [vocab][hidden] */
     const float *norm;  /* [hidden] */

@@ -102,7 +102,8 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
         for (int r = 0; r < R; r++) {
             const int sq = plan.row_seq[r];
             const int64_t p = start[sq] + (r - seq_rows[sq]);
-            for (int j = 0; j < H + KVH; j++) rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
+            for (int j = 0; j < H + KVH; j++)
+                rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
         }
         attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads, &plan);
         if ((rc = matmul(&L->o, att, R, h, nthreads))) break;
@@ -125,4 +126,6 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
 }
 
 /* y[D][rows] = x[D][cols] @ W.T alone (tests and benchmarks of the matrix kernels). */
-int wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) { return matmul(W, x, D, y, nthreads); }
+int wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
+    return matmul(W, x, D, y, nthreads);
+}

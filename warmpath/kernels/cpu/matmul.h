@@ -31,10 +31,10 @@
               q[j][8v + i] | q[j][8v + 4 + i] << 4 (row j, i = 0..3): the low nibbles are 8 rows x columns
               8v..8v+3, the high ones 8 rows x columns 8v+4..8v+7
      WP_Q8_0: 272 bytes: fp16 d[8], then 8 x 32 bytes; vector v, byte 4j + i = q[j][4v + i] */
-#define TILE_R 6       /* most rows of x in one register tile */
-#define PANEL_ROWS 8   /* rows of x from which the panel path (panel_rows) is taken */
+#define TILE_R 6           /* most rows of x in one register tile */
+#define PANEL_ROWS 8       /* rows of x from which the panel path (panel_rows) is taken */
 #define PANEL_ROW_BLOCK 96 /* rows of x per pass over the weights in the panel path: 96 x 256 columns, 96 KB (L2) */
-#define PANEL_BLOCKS 8 /* blocks of 32 columns per panel pass: 2 groups x 256 columns x 8 rows = 16 KB */
+#define PANEL_BLOCKS 8     /* blocks of 32 columns per panel pass: 2 groups x 256 columns x 8 rows = 16 KB */
 static inline int64_t block_bytes(int type) { return type == WP_Q4_1 ? 160 : type == WP_Q8_0 ? 272 : 1024; }
 
 /* The block sums X_b of each row of x (Q4_1's min term), in one fixed order. */
@@ -66,8 +66,8 @@ static void block_sums(const float *x, int D, int64_t K, float *xs) {
 /* Rows of x from r0 on (R of them) times the groups g0..g1: whole groups through tiles() (tiles_i8() for int8
    activations: xq set; skipped when whole_done), a last group of fewer than 8 real rows through a scratch tile
    so nothing is written past row N. */
-static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, const int8_t *xq, const float *dx,
-                          int R, float *y, int64_t g0, int64_t g1, int fetch, int whole_done) {
+static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, const int8_t *xq, const float *dx, int R,
+                          float *y, int64_t g0, int64_t g1, int fetch, int whole_done) {
     const int64_t N = W->rows, full = N / 8, g1w = g1 < full ? g1 : full;
     if (!whole_done && g0 < g1w) {
         if (xq) tiles_i8(W, xq, dx, xs, R, y + 8 * g0, N, g0, g1w, fetch);
@@ -136,8 +136,8 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
             const int T = (D + 3) / 4;
             for (int i = 0, r0 = 0; i < T; i++) {
                 const int R = D / T + (i < D % T);
-                matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, NULL, NULL, R, y + (int64_t)r0 * N, g0,
-                              g1, i == 0, whole_done);
+                matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, NULL, NULL, R, y + (int64_t)r0 * N, g0, g1,
+                              i == 0, whole_done);
                 r0 += R;
             }
         }

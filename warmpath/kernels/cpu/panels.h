@@ -37,8 +37,8 @@ AI void panel_tile(const int TYPE, const float *p0, const float *p1, const uint8
 
 /* All D rows of x times the whole groups g0..g1 (y at group g0's outputs), through panels of PANEL_BLOCKS
    blocks (2 groups: 16 KB, L1). panel: 2 x PANEL_BLOCKS x 256 floats, 32-byte aligned. */
-AI void panel_rows_t(const wp_matrix *W, const int TYPE, const float *x, const float *xs, int D, float *y,
-                     int64_t ldy, int64_t g0, int64_t g1, float *panel) {
+AI void panel_rows_t(const wp_matrix *W, const int TYPE, const float *x, const float *xs, int D, float *y, int64_t ldy,
+                     int64_t g0, int64_t g1, float *panel) {
     const int64_t K = W->cols, nb = K / 32, bb = block_bytes(TYPE), gs = nb * bb;
     /* Rows of x in blocks of <= PANEL_ROW_BLOCK (their slice of a panel's columns stays in L2 while every
        group pair passes over it), each block in tiles of <= 6 rows, as even as possible. */
@@ -60,15 +60,20 @@ AI void panel_rows_t(const wp_matrix *W, const int TYPE, const float *x, const f
                             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)q));
                             if (TYPE == WP_Q4_1)
                                 for (int c = 0; c < 16; c++) {
-                                    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 32 + 8 * c)));
+                                    const __m256i v =
+                                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 32 + 8 * c)));
                                     const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
                                     _mm256_store_ps(out + 16 * c, _mm256_mul_ps(lo, d));
-                                    _mm256_store_ps(out + 16 * c + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d));
+                                    _mm256_store_ps(out + 16 * c + 8,
+                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), d));
                                 }
                             else
                                 for (int k = 0; k < 32; k++)
-                                    _mm256_store_ps(out + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                                     _mm_loadl_epi64((const __m128i *)(q + 16 + 8 * k)))), d));
+                                    _mm256_store_ps(
+                                        out + 8 * k,
+                                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                          _mm_loadl_epi64((const __m128i *)(q + 16 + 8 * k)))),
+                                                      d));
                         }
                 }
                 for (int t = 0, r0 = rb0; t < T; t++) {
@@ -110,4 +115,3 @@ static int panel_rows(const wp_matrix *W, const float *x, const float *xs, int D
     free(panel);
     return 0;
 }
-

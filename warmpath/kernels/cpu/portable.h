@@ -28,7 +28,8 @@ static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, fl
                     }
                 }
                 if (W->type == WP_Q4_1)
-                    for (int64_t b = 0; b < nb; b++) mins += load_half(W->data + g * gs + b * bb + 16 + 2 * j) * xs[r * nb + b];
+                    for (int64_t b = 0; b < nb; b++)
+                        mins += load_half(W->data + g * gs + b * bb + 16 + 2 * j) * xs[r * nb + b];
                 y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
             }
 }
@@ -57,7 +58,8 @@ static void tiles_i8(const wp_matrix *W, const int8_t *xq, const float *dx, cons
                     sum = fmaf(load_half(blk + 2 * j) * dx[r * nb + b], (float)s, sum);
                 }
                 if (q4)
-                    for (int64_t b = 0; b < nb; b++) mins += load_half(W->data + g * gs + b * bb + 16 + 2 * j) * xs[r * nb + b];
+                    for (int64_t b = 0; b < nb; b++)
+                        mins += load_half(W->data + g * gs + b * bb + 16 + 2 * j) * xs[r * nb + b];
                 y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
             }
 }

@@ -13,7 +13,8 @@ AI void add_min_terms(const uint8_t *w, int64_t gs, const float *xs, int64_t nb,
     for (int64_t b = 0; b < nb; b++)
 #pragma GCC unroll 8
         for (int i = 0; i < G; i++) {
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (first_group + i) * gs + b * 160 + 16)));
+            const __m256 m =
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + (first_group + i) * gs + b * 160 + 16)));
 #pragma GCC unroll 6
             for (int r = 0; r < R; r++) mt[i][r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), mt[i][r]);
         }
@@ -64,8 +65,10 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
                     for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + 2 * p + h);
 #pragma GCC unroll 8
                     for (int i = 0; i < G; i++) {
-                        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 32 + 8 * p)));
-                        const __m256 qf = _mm256_cvtepi32_ps(h ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(15)));
+                        const __m256i q =
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + i * gs + 32 + 8 * p)));
+                        const __m256 qf = _mm256_cvtepi32_ps(h ? _mm256_srli_epi32(q, 4)
+                                                               : _mm256_and_si256(q, _mm256_set1_epi32(15)));
                         const __m256 wv = _mm256_mul_ps(qf, _mm256_load_ps(dv[i])); /* d * q: exact in fp32 */
 #pragma GCC unroll 4
                         for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
@@ -80,12 +83,11 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
                 for (int r = 0; r < R; r++) xv[r] = _mm256_broadcast_ss(xb + r * K + k);
 #pragma GCC unroll 8
                 for (int i = 0; i < G; i++) {
-                    const __m256 wv =
-                        TYPE == WP_Q8_0
-                            ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                _mm_loadl_epi64((const __m128i *)(blk + i * gs + 16 + 8 * k)))),
-                                            _mm256_load_ps(dv[i]))
-                            : _mm256_loadu_ps((const float *)(blk + i * gs) + 8 * k);
+                    const __m256 wv = TYPE == WP_Q8_0
+                                          ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                                              (const __m128i *)(blk + i * gs + 16 + 8 * k)))),
+                                                          _mm256_load_ps(dv[i]))
+                                          : _mm256_loadu_ps((const float *)(blk + i * gs) + 8 * k);
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++) s[i][r] = _mm256_fmadd_ps(wv, xv[r], s[i][r]);
                 }
@@ -126,7 +128,8 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
 #pragma GCC unroll 4
                 for (int i = 0; i < G; i++) {
                     const __m256i nib = _mm256_loadu_si256((const __m256i *)(blk + i * gs + 32 + 32 * v));
-                    const __m256i lo = _mm256_and_si256(nib, low), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low);
+                    const __m256i lo = _mm256_and_si256(nib, low),
+                                  hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low);
 #pragma GCC unroll 6
                     for (int r = 0; r < R; r++) {
                         int32_t a, c;
@@ -180,11 +183,11 @@ AI void tiles_t(const wp_matrix *W, const int TYPE, const int INT8, const float 
     const int64_t K = W->cols, gs = K / 32 * block_bytes(TYPE);
     const uint8_t *end = W->data + g1 * gs;
     int64_t g = g0;
-#define TILE(G_, R_)                                                                                              \
-    for (; g + G_ <= g1; g += G_) {                                                                               \
-        const uint8_t *next = W->data + (g + G_) * gs, *pf = fetch && next + G_ * gs <= end ? next : NULL;        \
-        if (INT8) tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy, pf);          \
-        else tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy, pf);                      \
+#define TILE(G_, R_)                                                                                       \
+    for (; g + G_ <= g1; g += G_) {                                                                        \
+        const uint8_t *next = W->data + (g + G_) * gs, *pf = fetch && next + G_ * gs <= end ? next : NULL; \
+        if (INT8) tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy, pf);   \
+        else tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy, pf);                \
     }
     if (INT8) switch (R) {
             case 1: TILE(4, 1) TILE(1, 1) break;
