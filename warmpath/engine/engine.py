@@ -22,7 +22,7 @@ from warmpath.engine.request import (
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
-from warmpath.kernels.native import ACTIVATIONS, NativeDecoder, NativeKernelError
+from warmpath.kernels.native import ACTIVATIONS, NativeForward, NativeKernelError
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
@@ -76,7 +76,7 @@ class Engine:
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
 
-    def _native_forward(self, config: EngineConfig, model, quantized, kv) -> NativeDecoder | None:
+    def _native_forward(self, config: EngineConfig, model, quantized, kv) -> NativeForward | None:
         """The native kernel when the config and the model allow it (which sequences it then computes is the
         runner's route())."""
         if config.kernel not in ("auto", "native", "torch"):
@@ -94,7 +94,7 @@ class Engine:
         if activations == "auto":
             activations = "int8" if config.dtype == "auto" else "fp32"
         try:
-            native = NativeDecoder(model, quantized, kv, config.block_size, activations=activations)
+            native = NativeForward(model, quantized, kv, config.block_size, activations=activations)
         except NativeKernelError as e:
             if config.kernel == "native":
                 raise

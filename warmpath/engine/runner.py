@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from warmpath.kernels.native import NativeDecoder
+from warmpath.kernels.native import NativeForward
 from warmpath.models.attention import AttentionMetadata, PrefillSpan
 from warmpath.models.llama import LlamaForCausalLM
 
@@ -51,7 +51,7 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, block_size: int,
-                 native: NativeDecoder | None = None, half_width_max_rows: int = 0,
+                 native: NativeForward | None = None, half_width_max_rows: int = 0,
                  decode_threads: int | None = None):
         self.model = model
         self.kv_cache = kv_cache

@@ -1,11 +1,9 @@
 """The native CPU forward pass (cpu/forward.c and the headers it includes): built with the system C compiler on
 first use, called via ctypes.
 
-NativeDecoder holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
-fp32 for anything else) and computes a step's sequences in one call, over the same paged KV cache the torch model
-uses. Which sequences come here is NativeDecoder.takes: with fp32 activations the few-row work (decodes, chunks
-of a few tokens over a cached context, short prompts: weight reads and per-op overhead), long contexts staying in
-torch; with int8 activations every sequence.
+NativeForward holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
+fp32 for anything else) and computes the sequences of a step it is given in one call, over the same paged KV
+cache the torch model uses. Which sequences those are is the runner's decision (engine/runner.py, route()).
 """
 
 from __future__ import annotations
@@ -31,14 +29,6 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu") / "forward.c"  # the one translation unit; it includes the cpu/ headers
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
-# Which sequences of a step run here (NativeDecoder.takes): with fp32 activations, any of at most MAX_CHUNK new
-# tokens (decodes, the new tokens of a warm request), and a prompt chunk whose whole context is at most
-# NATIVE_CONTEXT tokens (there its products are at least as fast as torch's GEMMs, in one pass with the step's
-# decodes); longer contexts go to torch, whose attention over many cached tokens wins. With int8 activations
-# every sequence (the integer products' gain outweighs torch's attention, long prompts included; README, "int8"),
-# so a prompt's numerics never depend on its chunks.
-MAX_CHUNK = 32
-NATIVE_CONTEXT = 512
 
 
 class NativeKernelError(RuntimeError):
@@ -97,13 +87,13 @@ def load_library() -> ctypes.CDLL:
             subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
             os.replace(tmp, out)  # atomic: servers starting together never load a half-written file
         except FileNotFoundError as e:
-            raise NativeKernelError(f"no C compiler ({cc}) to build the native decode kernel") from e
+            raise NativeKernelError(f"no C compiler ({cc}) to build the native kernel") from e
         except subprocess.CalledProcessError as e:
-            raise NativeKernelError(f"building the native decode kernel failed:\n{e.stderr}") from e
+            raise NativeKernelError(f"building the native kernel failed:\n{e.stderr}") from e
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        log.info("built the native decode kernel: %s", out)
+        log.info("built the native kernel: %s", out)
     lib = ctypes.CDLL(str(out))
     lib.wp_forward.restype = ctypes.c_int
     lib.wp_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
@@ -184,8 +174,8 @@ def int8_activations(q: QuantizedMatrix, activations: str) -> bool:
     return activations == "int8" and q.kind in ("q4_1", "q8_0")
 
 
-class NativeDecoder:
-    """Decode steps of one model over one KV cache, in native code."""
+class NativeForward:
+    """The forward pass of one model over one KV cache, in native code."""
 
     def __init__(self, model, quantized: dict[str, QuantizedMatrix], kv_cache: torch.Tensor, block_size: int,
                  weights: str = "checkpoint", activations: str = "fp32"):
@@ -196,9 +186,9 @@ class NativeDecoder:
         a model with neither, e.g. an fp32 HF directory, stays "fp32")."""
         cfg = model.cfg
         if model.embed.dtype != torch.float32 or kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
-            raise NativeKernelError("the native decode kernel needs a float32 model and KV cache on the CPU")
+            raise NativeKernelError("the native kernel needs a float32 model and KV cache on the CPU")
         if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
-            raise NativeKernelError("unsupported attention shape for the native decode kernel")
+            raise NativeKernelError("unsupported attention shape for the native kernel")
         self.lib = load_library()
         self.kv_cache = kv_cache
         self._keep: list = []  # every tensor the C structs point into
@@ -241,10 +231,6 @@ class NativeDecoder:
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
         self.activations = "int8" if any(uses_int8) else "fp32"  # what the products actually use
         self.vocab = cfg.vocab_size
-
-    def takes(self, num_new: int, num_computed: int) -> bool:
-        """Whether a sequence of num_new tokens over num_computed cached ones runs here (see MAX_CHUNK)."""
-        return self.activations == "int8" or num_new <= MAX_CHUNK or num_computed + num_new <= NATIVE_CONTEXT
 
     def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """Sequence i computes its new tokens token_ids[i] at positions starts[i], starts[i] + 1, ... (starts[i]

@@ -43,7 +43,7 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# GGUF block formats the native decode kernel reads as they are (warmpath/models/quant.py).
+# GGUF block formats the native kernel reads as they are (warmpath/models/quant.py).
 _QUANT_KINDS = {GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q8_0: "q8_0"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -107,7 +107,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         w = dequantize_tensor(np.asarray(t.data), t.tensor_type).reshape(shape)
         q = None
         kind = _QUANT_KINDS.get(t.tensor_type)
-        if kind and len(shape) == 2:  # keep the blocks too: the native decode kernel reads them (models/quant.py)
+        if kind and len(shape) == 2:  # keep the blocks too: the native kernel reads them (models/quant.py)
             q = from_gguf_blocks(torch.from_numpy(np.asarray(t.data).reshape(-1).view(np.uint8).copy()), kind, *shape)
         # llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama architecture.
         heads = None

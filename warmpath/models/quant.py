@@ -1,4 +1,4 @@
-"""Block-quantized weight matrices, as the native CPU decode kernel reads them (warmpath/kernels/).
+"""Block-quantized weight matrices, as the native CPU kernel reads them (warmpath/kernels/).
 
 Two formats, both GGUF's own (blocks of 32 values along a row): Q4_1 (20 bytes: fp16 d, fp16 m, 16 bytes of
 nibbles; w = d * q + m, q in 0..15) and Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q). A GGUF checkpoint's

@@ -1,4 +1,4 @@
-"""The native CPU decode kernel (warmpath/kernels/): its matrix products read the quantized blocks as the fp32
+"""The native CPU kernel (warmpath/kernels/): its matrix products read the quantized blocks as the fp32
 weights' exact values, a decode step equals the torch model's up to summation order, a sequence's result does
 not depend on what it is batched with, and the engine mixes it with torch prefill correctly."""
 
@@ -14,7 +14,7 @@ from tiny_model import write_tiny_gguf
 from warmpath import LLM, SamplingParams
 from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
 from warmpath.kernels import native
-from warmpath.kernels.native import NativeDecoder, NativeKernelError, matmul
+from warmpath.kernels.native import NativeForward, NativeKernelError, matmul
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.loader import load_checkpoint
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
@@ -64,7 +64,7 @@ def test_matrix_product_equals_the_dequantized_weights_product(fmt, rows_of_x, k
 
 
 def int8_activation_reference(q: QuantizedMatrix, x: torch.Tensor) -> torch.Tensor:
-    """cpu_decode.c's "Int8 activations" in torch: x quantized per block of 32 (dx = max|x| / 127, round half to
+    """cpu/matmul.h's "Int8 activations" in torch: x quantized per block of 32 (dx = max|x| / 127, round half to
     even), exact integer block sums against the quants, each scaled by d * dx; Q4_1's min term from the fp32 x."""
     D, nb = x.shape[0], q.cols // 32
     blocks = q.data.view(q.rows, nb, {"q4_1": 20, "q8_0": 34}[q.kind])
@@ -123,7 +123,7 @@ def test_a_step_equals_the_torch_models(model_dir, request, kernel_build):
     model, cfg = llm.engine.model, llm.model_config
     kv = allocate_kv_cache(cfg, 64, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
-    kernel = NativeDecoder(model, {}, kv, 16, weights="f32")
+    kernel = NativeForward(model, {}, kv, 16, weights="f32")
     seqs = []
     # Decodes and short chunks (causal within the chunk): not block-aligned, some over more than one 128-token
     # attention span, one chunk crossing a span boundary, one with nothing cached.
@@ -151,7 +151,7 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
     model, cfg = llm.engine.model, llm.model_config
     kv = allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
-    kernel = NativeDecoder(model, ckpt.quantized, kv, 16, activations=activations)
+    kernel = NativeForward(model, ckpt.quantized, kv, 16, activations=activations)
     assert kernel.weight_kinds == ["f32", "q4_1", "q8_0"]
     seqs = []
     for i, n_ctx in enumerate((40, 3, 150, 17, 64, 90, 8, 33)):
@@ -170,7 +170,7 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
     for batch in (seqs[:3], seqs[:4], seqs[:5], seqs[:7], seqs, [*seqs, chunk]):
         assert torch.equal(decode(batch)[0], alone)
     if activations == "int8":  # near the fp32 kernel's: only the activations' rounding differs
-        exact = NativeDecoder(model, ckpt.quantized, kv, 16)
+        exact = NativeForward(model, ckpt.quantized, kv, 16)
         kv[:] = before
         ref = exact.forward(*map(list, zip(*seqs[:1], strict=True)))[0]
         assert not torch.equal(alone, ref) and (alone - ref).abs().max() < 0.05 * ref.abs().max()
