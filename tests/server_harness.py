@@ -5,6 +5,9 @@ code sample the server, router and client tests prompt with. The fixtures built 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -47,6 +50,43 @@ def running_app(app):
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_process(*args: str, timeout: float = 180.0):
+    """`warmpath serve ARGS` as a user runs it, in a subprocess on a free port: (url, process) once its /health
+    answers 200 (bounded: a fresh process imports torch and loads the model). Stopped on exit if still alive."""
+    port = free_port()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve",
+                                 "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            ready = time.monotonic() + timeout
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > ready:
+                    log.seek(0)
+                    raise RuntimeError(f"warmpath serve did not come up:\n{log.read()}")
+                time.sleep(0.1)
+            yield url, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 def wait_for_step(app, condition, timeout: float = 60.0) -> None:

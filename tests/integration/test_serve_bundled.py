@@ -1,48 +1,18 @@
 """`warmpath serve` as a user runs it (a subprocess, the bundled model, a real port), driven by the
 official openai client: completion, streaming, chat with the model's own chat template, sessions."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
-
 import httpx
 import openai
 import pytest
+from server_harness import serve_process
 
 from warmpath import SamplingParams
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve", "--port", str(port),
-         "--dtype", "float32"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:  # readiness: the process prints its URL once uvicorn is about to listen; poll /health
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"warmpath serve did not come up:\n{proc.stdout.read()}")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serve_process("--dtype", "float32") as (url, _):
+        yield url
 
 
 def test_openai_client_against_warmpath_serve(served, smollm2_fp32):

@@ -8,14 +8,10 @@ import contextlib
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
-from server_harness import CODE, counter, running_app, running_server, total, wait_for_step
+from server_harness import CODE, counter, free_port, running_app, running_server, serve_process, total, wait_for_step
 from test_server import BAD
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
@@ -142,28 +138,9 @@ def test_a_node_that_refuses_fails_over_before_the_first_byte(fleet, tiny_long_d
                 assert complete(rurl, "x", key).headers["x-warmpath-node"] == HashRing(urls).home(key)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(tiny_long_dir, fleet):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "WARNING", "serve", "--model",
-                             str(tiny_long_dir), "--dtype", "float32", "--port", str(port), "--num-kv-blocks", "512",
-                             "--num-threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    node = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(1200):  # readiness, bounded (a fresh process imports torch and loads the model)
-            try:
-                if httpx.get(f"{node}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError("node did not start")
-            time.sleep(0.1)
+    with serve_process("--model", str(tiny_long_dir), "--dtype", "float32", "--num-kv-blocks", "512",
+                       "--num-threads", "1") as (node, proc):
         with router([node, *fleet], policy="session", health_interval=3600) as (rurl, _):
             dev = session_homed_on(node, [node, *fleet])
             body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
@@ -183,9 +160,6 @@ def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(tiny_long_d
             # the next request from that session fails over to a live node (no replay of the lost one)
             r = complete(rurl, CODE, dev)
             assert r.status_code == 200 and r.headers["x-warmpath-node"] in fleet
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def test_client_disconnect_and_deadline_reach_the_node(fleet):
@@ -306,7 +280,7 @@ def test_tiers_send_line_completions_to_the_small_model(fleet):
 
 
 def test_health_reflects_the_nodes_and_no_node_is_an_error(fleet):
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     with router([closed]) as (rurl, _):
         assert httpx.get(f"{rurl}/health").status_code == 503
         r = complete(rurl, "x")
