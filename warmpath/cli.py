@@ -85,13 +85,13 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from warmpath.bench import run
+    from warmpath.bench.command import run
 
     return run(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from warmpath.sim import run
+    from warmpath.sim.command import run
 
     return run(args)
 
@@ -121,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_route)
     p = sub.add_parser("bench", help="replay real-code traffic against a server (and baselines); TTFT, goodput, "
                                      "hit rate")
-    from warmpath.bench import add_arguments
+    from warmpath.bench.command import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("simulate", help="capacity planning without a model: the engine's scheduler and block pool "
                                         "(and the router's policies) driven by a cost model")
-    from warmpath.sim import add_arguments as add_sim_arguments
+    from warmpath.sim.command import add_arguments as add_sim_arguments
 
     add_sim_arguments(p)
     p.set_defaults(func=cmd_simulate)

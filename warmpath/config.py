@@ -112,3 +112,54 @@ class RouterConfig:
     upstream_api_key: str | None = None  # sent to the nodes; default: the client's Authorization header
     max_body_bytes: int = 4 << 20
     served_model_name: str | None = None  # default: the nodes' model
+
+
+@dataclass
+class ClientConfig:
+    """The editor plugin (warmpath.client): how `warmpath bench` and `warmpath simulate` ask for suggestions."""
+
+    debounce_ms: float = 75.0  # keystrokes closer than this send no request
+    deadline_ms: float = 300.0  # first token later than this: the suggestion is dropped
+    max_time_ms: float = 3000.0  # the whole suggestion; forwarded as X-Deadline-Ms so the server stops too
+    max_tokens: int = 16
+    temperature: float = 0.0
+    fim: bool = True  # send the text after the cursor as `suffix`
+
+
+@dataclass
+class SLO:
+    """TTFT targets that goodput counts against (`warmpath bench --slo-ms / --agent-slo-ms`)."""
+
+    editor_ttft_s: float = 0.300  # later, a suggestion is worth little under a moving cursor
+    agent_ttft_s: float = 5.0
+
+
+@dataclass
+class BenchConfig:
+    """`warmpath bench` defaults: the trace it generates and how runs follow one another."""
+
+    workload: str = "editor"
+    developers: int = 12  # sessions: developers (and agents, for mixed)
+    duration: float = 300.0  # seconds of (compressed) trace time
+    rate: float = 30.0  # idle time compressed this many times
+    agent_share: float = 0.25  # mixed: share of sessions that are agents
+    seed: int = 0
+    cooldown: float = 5.0  # seconds between the runs of two servers
+    drain_s: float = 30.0  # after the trace: how long requests still in flight may finish
+
+
+@dataclass
+class SimConfig:
+    """`warmpath simulate` defaults (the editor client's deadline is ClientConfig's)."""
+
+    profile: str = "cpu-smollm2"
+    workload: str = "editor"
+    sessions: int = 12
+    duration: float = 3600.0  # simulated seconds of traffic
+    rate: float = 1.0  # idle time compressed this many times
+    seed: int = 0
+    nodes: int = 1
+    policy: str = "hybrid"  # the router's policy for fleets
+    tokenizer: str = "auto"  # auto | model | chars
+    drain_s: float = 30.0  # after the trace: how long requests still in flight may finish
+    sample_every_s: float = 1.0  # pool-use samples

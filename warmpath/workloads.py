@@ -99,14 +99,27 @@ class Trace:
                 trace.events.append({"type": kind, **rec})
         return trace
 
+    @property
+    def editor_window(self) -> tuple[int, int]:
+        """(prefix_chars, suffix_chars): how much text around the cursor this trace's editor sends."""
+        p = self.meta.get("editor") or {}
+        return (int(p.get("prefix_chars", EditorParams.prefix_chars)),
+                int(p.get("suffix_chars", EditorParams.suffix_chars)))
+
+    def agent_turns(self) -> dict[str, list[dict]]:
+        """Each agent session's turn events in order, each with its full `prompt` (the previous turn's
+        prompt[:keep] + add)."""
+        turns: dict[str, list[dict]] = {}
+        for e in self.events:
+            if e["type"] == "turn":
+                mine = turns.setdefault(e["session"], [])
+                prompt = (mine[-1]["prompt"] if mine else "")[: e["keep"]] + e["add"]
+                mine.append({**e, "prompt": prompt})
+        return turns
+
     def agent_prompts(self, session: str) -> list[str]:
         """The full prompt of each turn of an agent session, in order."""
-        prompts, prompt = [], ""
-        for e in self.events:
-            if e["type"] == "turn" and e["session"] == session:
-                prompt = prompt[: e["keep"]] + e["add"]
-                prompts.append(prompt)
-        return prompts
+        return [t["prompt"] for t in self.agent_turns().get(session, [])]
 
 
 def _plain(params) -> dict:
@@ -220,8 +233,9 @@ def editor_trace(developers: int, duration_s: float, seed: int = 0, rate: float 
 
 def prefix_start(text: str, cursor: int, prefix_chars: int) -> int:
     """Where the prompt's prefix window starts: a line start that moves in steps of a quarter window, so the
-    window holds prefix_chars to 1.25x that (plus the rest of a line). A window sliding with every keystroke would change the prompt's
-    first tokens each time and no server could reuse a cached prefix; a stable start keeps it warm."""
+    window holds prefix_chars to 1.25x that (plus the rest of a line). A window sliding with every keystroke
+    would change the prompt's first tokens each time and no server could reuse a cached prefix; a stable start
+    keeps it warm."""
     if cursor <= prefix_chars:
         return 0
     step = max(1, prefix_chars // 4)
@@ -229,12 +243,25 @@ def prefix_start(text: str, cursor: int, prefix_chars: int) -> int:
     return text.rfind("\n", 0, start) + 1  # the start of the line holding the grid point
 
 
-def editor_document(trace: Trace, key: dict, prefix_chars: int, suffix_chars: int) -> tuple[str, str, str]:
-    """(prefix before the cursor, suffix after the untyped region, the real next line) for a key event."""
+def editor_prompt(trace: Trace, key: dict, prefix_chars: int | None = None,
+                  suffix_chars: int | None = None) -> tuple[str, str]:
+    """(prefix before the cursor, suffix after the untyped region) for a key event; the window's sizes
+    default to the trace's (Trace.editor_window)."""
+    default_prefix, default_suffix = trace.editor_window
+    prefix_chars = default_prefix if prefix_chars is None else prefix_chars
+    suffix_chars = default_suffix if suffix_chars is None else suffix_chars
     text = trace.sessions[key["session"]]["files"][key["file"]]
     cursor, end = key["cursor"], key["end"]
     start = prefix_start(text, cursor, prefix_chars)
-    return text[start:cursor], text[end: end + suffix_chars], next_line(text[cursor:])
+    return text[start:cursor], text[end: end + suffix_chars]
+
+
+def editor_document(trace: Trace, key: dict, prefix_chars: int | None = None,
+                    suffix_chars: int | None = None) -> tuple[str, str, str]:
+    """(prefix before the cursor, suffix after the untyped region, the real next line) for a key event."""
+    prefix, suffix = editor_prompt(trace, key, prefix_chars, suffix_chars)
+    text = trace.sessions[key["session"]]["files"][key["file"]]
+    return prefix, suffix, next_line(text[key["cursor"]:])
 
 
 # -- agent ----------------------------------------------------------------------------------------------------

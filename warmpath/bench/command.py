@@ -1,5 +1,5 @@
-"""`warmpath bench`: one trace of real-code traffic replayed against a target and, one after the other on the
-same machine, each baseline; a table with the ratios, JSON, and a PNG."""
+"""The `warmpath bench` command: one trace of real-code traffic replayed against a target and, one after the
+other on the same machine, each baseline; a table with the ratios, JSON, and a PNG."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from warmpath.bench.report import SLO, summarize, table
+from warmpath.bench.report import summarize, table
 from warmpath.bench.runner import RunResult, replay
-from warmpath.client.completion import DROPPED, ERROR, Target
-from warmpath.client.editor import ClientConfig
+from warmpath.client.completion import ERROR, Target
+from warmpath.client.outcome import censored_ttfts
+from warmpath.config import SLO, BenchConfig, ClientConfig
 from warmpath.workloads import WORKLOADS, Trace, make_trace
+
+B = BenchConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,24 +28,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", action="append", default=[], help="server(s) to compare against, same trace")
     p.add_argument("--names", help="comma-separated labels for target and baselines (default: from the URLs)")
     p.add_argument("--api-key", help="Bearer key for every server")
-    p.add_argument("--workload", choices=WORKLOADS, default="editor")
-    p.add_argument("--developers", type=int, default=12, help="sessions: developers (and agents, for mixed)")
-    p.add_argument("--duration", type=float, default=300.0, help="seconds of (compressed) trace time")
-    p.add_argument("--rate", type=float, default=30.0,
+    p.add_argument("--workload", choices=WORKLOADS, default=B.workload)
+    p.add_argument("--developers", type=int, default=B.developers, help="sessions: developers (and agents, for mixed)")
+    p.add_argument("--duration", type=float, default=B.duration, help="seconds of (compressed) trace time")
+    p.add_argument("--rate", type=float, default=B.rate,
                    help="idle-time compression: 1 = real time (~10 requests in 4 min, then 30 min away); "
                         "30 = the idle gaps 30x shorter (typing speed and debounce stay human)")
-    p.add_argument("--agent-share", type=float, default=0.25, help="mixed: share of sessions that are agents")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--agent-share", type=float, default=B.agent_share, help="mixed: share of sessions that are agents")
+    p.add_argument("--seed", type=int, default=B.seed)
     p.add_argument("--trace", help="replay this JSONL trace instead of generating one")
     p.add_argument("--save-trace", help="write the trace (JSONL) here")
     p.add_argument("--debounce-ms", type=float, default=ClientConfig.debounce_ms)
     p.add_argument("--deadline-ms", type=float, default=ClientConfig.deadline_ms,
                    help="client deadline for the first token of an editor suggestion")
     p.add_argument("--max-tokens", type=int, default=ClientConfig.max_tokens, help="editor suggestion length")
-    p.add_argument("--fim", action=argparse.BooleanOptionalAction, default=True, help="send the suffix")
-    p.add_argument("--slo-ms", type=float, default=300.0, help="editor TTFT SLO for goodput")
-    p.add_argument("--agent-slo-ms", type=float, default=5000.0, help="agent TTFT SLO for goodput")
-    p.add_argument("--cooldown", type=float, default=5.0, help="seconds between the runs of two servers")
+    p.add_argument("--fim", action=argparse.BooleanOptionalAction, default=ClientConfig.fim, help="send the suffix")
+    p.add_argument("--slo-ms", type=float, default=SLO.editor_ttft_s * 1000, help="editor TTFT SLO for goodput")
+    p.add_argument("--agent-slo-ms", type=float, default=SLO.agent_ttft_s * 1000, help="agent TTFT SLO for goodput")
+    p.add_argument("--cooldown", type=float, default=B.cooldown, help="seconds between the runs of two servers")
     p.add_argument("--json", dest="json_path", help="write the full report (and per-request records) here")
     p.add_argument("--plot", help="write the PNG here")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -50,17 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _count_tokens():
-    """The bundled tokenizer, to size agent contexts exactly; a chars/token estimate if it is not here."""
+    """The bundled tokenizer, to size agent contexts exactly; None (a chars/token estimate) if it is not here."""
+    from warmpath.models.registry import load_tokenizer
+
     try:
-        from gguf import GGUFReader
-
-        from warmpath.models.gguf import read_tokenizer
-        from warmpath.models.registry import resolve_model
-
-        tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
-        return lambda s: len(tok.encode(s))
+        tok = load_tokenizer()
     except (OSError, ValueError):
         return None
+    return lambda s: len(tok.encode(s))
 
 
 def _label(url: str) -> str:
@@ -129,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from warmpath.bench.plot import plot
 
-        ttfts = [[r.ttft if r.ttft is not None else math.inf for r in res.records
-                  if r.kind == "editor" and (r.ttft is not None or r.outcome == DROPPED)] for res in runs]
+        ttfts = [censored_ttfts(r for r in res.records if r.kind == "editor") for res in runs]
         title = (f"warmpath bench --workload {meta.get('workload')}: {len(trace.sessions)} sessions, "
                  f"{meta.get('duration_s')} s, idle x{meta.get('rate')}")
         plot(summaries, ttfts, names, args.plot, title, slo.editor_ttft_s)

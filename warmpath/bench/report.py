@@ -1,36 +1,24 @@
 """From request records (and the server's counters) to the figures that decide things: TTFT / TPOT / ITL
 percentiles, goodput, shown / dropped / cancelled, wasted tokens, prefix-cache hit rate, a quality proxy.
 
-TTFT of a request dropped at the client deadline is only known to be later than the deadline: it counts as
-+inf in the percentiles (printed "> 300 ms"), never as the deadline itself. Requests cancelled stale before
-their first token are left out of TTFT and goodput: nobody wanted them any more."""
+TTFT is censored as warmpath.client.outcome.censored_ttft says: a request dropped at the client deadline
+counts as +inf (printed "> 300 ms"), never as the deadline itself; one cancelled stale before its first token
+is left out of TTFT and goodput."""
 
 from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
 
 from warmpath.bench.runner import RunResult
 from warmpath.bench.scrape import delta
-from warmpath.client.completion import CANCELLED, COMPLETED, DROPPED, ERROR, SHOWN, RequestRecord
+from warmpath.client.outcome import CANCELLED, COMPLETED, DROPPED, ERROR, SHOWN, censored_ttfts
+from warmpath.config import SLO
+from warmpath.stats import percentile
+
+__all__ = ["PERCENTILES", "SLO", "fmt", "lookup", "percentile", "summarize", "table"]
 
 PERCENTILES = (50, 90, 99)
-
-
-@dataclass
-class SLO:
-    editor_ttft_s: float = 0.300
-    agent_ttft_s: float = 5.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; +inf values (censored) sort last."""
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    k = max(0, math.ceil(q / 100 * len(xs)) - 1)
-    return xs[k]
 
 
 def first_line(text: str) -> str:
@@ -53,19 +41,15 @@ def summarize(run: RunResult, slo: SLO) -> dict:
         out["cancelled_rate"] = sum(r.outcome == CANCELLED for r in editor) / n
     out["errors"] = [r.error for r in recs if r.outcome == ERROR][:5]
 
-    def ttfts(rs: list[RequestRecord]) -> list[float]:
-        return [r.ttft if r.ttft is not None else math.inf for r in rs
-                if r.ttft is not None or r.outcome in (DROPPED, ERROR)]
-
     for kind, rs, target in (("editor", editor, slo.editor_ttft_s), ("agent", agent, slo.agent_ttft_s)):
         if not rs:
             continue
-        vals = ttfts(rs)
+        vals = censored_ttfts(rs)
         out[f"{kind}_ttft_s"] = {f"p{q}": percentile(vals, q) for q in PERCENTILES}
         out[f"{kind}_ttft_n"] = len(vals)
         out[f"{kind}_goodput"] = (sum(v <= target for v in vals) / len(vals)) if vals else math.nan
         out[f"{kind}_slo_ttft_s"] = target
-    all_ttft = ttfts(recs)
+    all_ttft = censored_ttfts(recs)
     out["ttft_s"] = {f"p{q}": percentile(all_ttft, q) for q in PERCENTILES}
     good = sum(1 for r in recs if r.ttft is not None and r.ttft <= (slo.editor_ttft_s if r.kind == "editor"
                                                                      else slo.agent_ttft_s))

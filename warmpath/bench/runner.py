@@ -13,7 +13,8 @@ import httpx
 
 from warmpath.bench.scrape import scrape
 from warmpath.client.completion import RequestRecord, Target, discover_model, stream_completion
-from warmpath.client.editor import ClientConfig, EditorClient
+from warmpath.client.editor_http import EditorClient
+from warmpath.config import BenchConfig, ClientConfig
 from warmpath.workloads import Trace, editor_document
 
 
@@ -58,9 +59,9 @@ class Progress:
 
 async def _agent(http: httpx.AsyncClient, target: Target, session: str, turns: list[dict],
                  records: list[RequestRecord], clock, duration: float) -> None:
-    prompt, prev_done = "", 0.0
-    for turn in turns:
-        prompt = prompt[: turn["keep"]] + turn["add"]
+    prev_done = 0.0
+    for turn in turns:  # Trace.agent_turns: each with its full prompt
+        prompt = turn["prompt"]
         send_at = max(turn["t"], prev_done + turn["after"])
         if send_at >= duration:  # a slow server pushed this turn past the end of the run
             return
@@ -75,7 +76,7 @@ async def _agent(http: httpx.AsyncClient, target: Target, session: str, turns: l
 
 
 async def replay(trace: Trace, target: Target, config: ClientConfig, label: str = "bench",
-                 progress: bool = True, drain_s: float = 30.0) -> RunResult:
+                 progress: bool = True, drain_s: float = BenchConfig.drain_s) -> RunResult:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(600.0, connect=10.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
@@ -89,12 +90,8 @@ async def replay(trace: Trace, target: Target, config: ClientConfig, label: str 
 
         editors: dict[str, EditorClient] = {}
         agents = []
-        turns: dict[str, list[dict]] = {}
-        for e in trace.events:
-            if e["type"] == "turn":
-                turns.setdefault(e["session"], []).append(e)
         duration = float(trace.meta.get("duration_s") or (trace.events[-1]["t"] if trace.events else 0))
-        for session, ts in turns.items():
+        for session, ts in trace.agent_turns().items():
             agents.append(asyncio.create_task(_agent(http, target, session, ts, records, clock, duration)))
         bar = Progress(label, duration, records, progress)
         for e in trace.events:
@@ -107,7 +104,7 @@ async def replay(trace: Trace, target: Target, config: ClientConfig, label: str 
             client = editors.get(e["session"])
             if client is None:
                 client = editors[e["session"]] = EditorClient(http, target, e["session"], config, records, clock)
-            prefix, suffix, expected = editor_document(trace, e, config_prefix(trace), config_suffix(trace))
+            prefix, suffix, expected = editor_document(trace, e)
             client.keystroke(prefix, suffix, expected)
         while clock() < duration:  # the trace's time is the run's time, even if its last key came early
             await asyncio.sleep(min(0.5, duration - clock()))
@@ -129,10 +126,3 @@ async def replay(trace: Trace, target: Target, config: ClientConfig, label: str 
     return RunResult(target.url, target.model, elapsed, records, sum(c.keystrokes for c in editors.values()),
                      before, after)
 
-
-def config_prefix(trace: Trace) -> int:
-    return int((trace.meta.get("editor") or {}).get("prefix_chars", 5000))
-
-
-def config_suffix(trace: Trace) -> int:
-    return int((trace.meta.get("editor") or {}).get("suffix_chars", 1000))

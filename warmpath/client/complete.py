@@ -19,7 +19,7 @@ from warmpath.client.completion import (
     monotonic_clock,
     stream_completion,
 )
-from warmpath.client.editor import ClientConfig
+from warmpath.config import ClientConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-# Outcomes of a request, as the developer experiences it.
-SHOWN = "shown"  # editor: the first token arrived within the deadline and before a newer keystroke
-DROPPED = "dropped"  # editor: no first token within the deadline; dropped silently (also: server silence)
-CANCELLED = "cancelled"  # editor: a newer keystroke made it stale before it was shown; the stream was closed
-COMPLETED = "completed"  # agent (no client deadline): the answer arrived
-ERROR = "error"  # an HTTP or protocol error: never acceptable
+from warmpath.client.outcome import CANCELLED, COMPLETED, CUT, DROPPED, ERROR, SHOWN, outcome
+
+__all__ = ["CANCELLED", "COMPLETED", "DROPPED", "ERROR", "SHOWN", "RequestRecord", "Target", "discover_model",
+           "monotonic_clock", "sse_events", "stream_completion"]
 
 
 @dataclass
@@ -88,8 +86,8 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                             clock, first_token_deadline_s: float | None = None,
                             total_deadline_s: float | None = None, session: str | None = None) -> RequestRecord:
     """POST /v1/completions with stream=true, filling `rec`. Past `first_token_deadline_s` without a token, or
-    `total_deadline_s` overall, the stream is closed and rec.outcome is DROPPED; if the calling task is
-    cancelled (a newer keystroke), the stream is closed and CancelledError propagates."""
+    `total_deadline_s` overall, the stream is closed; if the calling task is cancelled (a newer keystroke), the
+    stream is closed and CancelledError propagates. rec.outcome: the rule of warmpath.client.outcome."""
     headers = target.headers()
     if session:
         headers["X-Session-Id"] = session
@@ -102,24 +100,30 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
     start = loop.time()
     first = first_token_deadline_s if first_token_deadline_s is not None else total_deadline_s
     chunks = 0
+
+    def end(cancelled_at: float | None = None) -> None:
+        if rec.error is None:
+            rec.tokens = rec.tokens or chunks  # usage when the server sent it
+        rec.outcome = outcome(rec.kind, rec.first_token, cancelled_at=cancelled_at, finish_reason=rec.finish_reason,
+                              error=rec.error)
+
     try:
         async with asyncio.timeout_at(None if first is None else start + first) as timer:
             async with http.stream("POST", target.api + "/completions", json=body, headers=headers) as resp:
                 rec.node = resp.headers.get("x-warmpath-node")
                 if resp.status_code != 200:
                     await resp.aread()
-                    rec.outcome, rec.error = ERROR, f"HTTP {resp.status_code}: {resp.text[:300]}"
+                    rec.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                     rec.done = clock()
+                    end()
                     return rec
                 async for event in sse_events(resp):
                     if "error" in event:
                         rec.error = json.dumps(event["error"])[:300]
-                        # A suggestion cut short (its node died mid-stream) is discarded: the developer sees
-                        # nothing, as for a late one. Anything else that ends in an error is an error.
-                        cut = rec.kind == "editor" and (event["error"] or {}).get("code") == "upstream_failed"
-                        rec.outcome = DROPPED if cut else ERROR
-                        rec.finish_reason = "upstream_failed" if cut else rec.finish_reason
+                        if rec.kind == "editor" and (event["error"] or {}).get("code") == CUT:
+                            rec.finish_reason = CUT  # its node died mid-stream
                         rec.done = clock()
+                        end()
                         return rec
                     usage = event.get("usage")
                     if usage:
@@ -140,23 +144,18 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                         if choice.get("finish_reason"):
                             rec.finish_reason = choice["finish_reason"]
         rec.done = clock()
-        rec.tokens = rec.tokens or chunks
-        if rec.first_token is None:
-            rec.outcome = DROPPED  # silence: the server's own deadline, or an empty answer
-        else:
-            rec.outcome = SHOWN if rec.kind == "editor" else COMPLETED
-    except TimeoutError:
-        rec.tokens = rec.tokens or chunks
-        rec.outcome = DROPPED if rec.first_token is None or rec.kind != "editor" else SHOWN
+        end()  # no first token: silence (the server's own deadline, or an empty answer)
+    except TimeoutError:  # the first-token deadline, or the whole answer's
         rec.finish_reason = rec.finish_reason or "client_deadline"
+        end()
     except asyncio.CancelledError:
-        rec.tokens = rec.tokens or chunks
-        rec.outcome = CANCELLED if rec.first_token is None else SHOWN
         rec.finish_reason = rec.finish_reason or "client_cancel"
+        end(cancelled_at=clock())
         raise
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
-        rec.outcome, rec.error = ERROR, f"{type(e).__name__}: {e}"[:300]
+        rec.error = f"{type(e).__name__}: {e}"[:300]
         rec.done = clock()
+        end()
     return rec
 
 

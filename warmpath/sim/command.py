@@ -1,5 +1,5 @@
-"""`warmpath simulate`: capacity questions answered in seconds, by driving the engine's own Scheduler and
-BlockPool (and the router's own policies for fleets) with a cost model instead of a model."""
+"""The `warmpath simulate` command: capacity questions answered in seconds, by driving the engine's own
+Scheduler and BlockPool (and the router's own policies for fleets) with a cost model instead of a model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import zlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from warmpath.client.editor import ClientConfig
+from warmpath.config import ClientConfig, SimConfig
 from warmpath.router.policies import POLICIES, Router
 from warmpath.sim.cost import save_calibration
 from warmpath.sim.driver import Driver, SimBackend
@@ -19,6 +19,7 @@ from warmpath.sim.profiles import PROFILES, Profile, get_profile
 from warmpath.sim.report import summarize, table
 from warmpath.workloads import AgentParams, Trace, make_trace
 
+S = SimConfig
 SWEEPS = ("pool", "budget", "dtype", "nodes")
 
 
@@ -29,37 +30,36 @@ def chunk_tokenizer(text: str) -> list[int]:
 
 
 def tokenizer_for(profile: Profile, choice: str):
+    """The bundled model's tokenizer for its profile (or asked for); the chars estimate otherwise, or when the
+    model file is not on this machine (unless asked for)."""
     if choice == "chars" or (choice == "auto" and profile.name != "cpu-smollm2"):
         return chunk_tokenizer
-    from gguf import GGUFReader
-
-    from warmpath.models.gguf import read_tokenizer
-    from warmpath.models.registry import resolve_model
+    from warmpath.models.registry import load_tokenizer
 
     try:
-        tok = read_tokenizer(GGUFReader(resolve_model("smollm2")))
+        return load_tokenizer("smollm2").encode
     except FileNotFoundError:
         if choice == "model":
             raise
         return chunk_tokenizer
-    return tok.encode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default="cpu-smollm2", choices=list(PROFILES))
-    p.add_argument("--workload", default="editor", choices=["editor", "agent", "mixed"])
-    p.add_argument("--sessions", "--developers", dest="sessions", type=int, default=12)
-    p.add_argument("--duration", type=float, default=3600.0, help="simulated seconds of traffic")
-    p.add_argument("--rate", type=float, default=1.0, help="compress idle time N x (1 = real time)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default=S.profile, choices=list(PROFILES))
+    p.add_argument("--workload", default=S.workload, choices=["editor", "agent", "mixed"])
+    p.add_argument("--sessions", "--developers", dest="sessions", type=int, default=S.sessions)
+    p.add_argument("--duration", type=float, default=S.duration, help="simulated seconds of traffic")
+    p.add_argument("--rate", type=float, default=S.rate, help="compress idle time N x (1 = real time)")
+    p.add_argument("--seed", type=int, default=S.seed)
     p.add_argument("--trace", help="replay a trace saved by `warmpath bench --save-trace` instead")
     p.add_argument("--weights-dtype", help="default: the profile's")
     p.add_argument("--num-kv-blocks", type=int, help="default: what the profile's memory leaves beside the weights")
     p.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget (default: the profile's)")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--policy", default="hybrid", choices=list(POLICIES))
-    p.add_argument("--deadline-ms", type=float, default=300.0, help="editor client first-token deadline")
-    p.add_argument("--tokenizer", default="auto", choices=["auto", "model", "chars"])
+    p.add_argument("--nodes", type=int, default=S.nodes)
+    p.add_argument("--policy", default=S.policy, choices=list(POLICIES))
+    p.add_argument("--deadline-ms", type=float, default=ClientConfig.deadline_ms,
+                   help="editor client first-token deadline")
+    p.add_argument("--tokenizer", default=S.tokenizer, choices=["auto", "model", "chars"])
     p.add_argument("--sweep", choices=SWEEPS, help="pool size | token budget | weights dtype | nodes x policy")
     p.add_argument("--calibrate", action="store_true", help="fit the cpu-smollm2 step-time model to the real "
                    "engine on this machine and save it (then simulate with it)")
@@ -76,8 +76,8 @@ def build_trace(args, profile: Profile) -> Trace:
     return make_trace(args.workload, args.sessions, args.duration, args.seed, args.rate, agent=agent)
 
 
-def simulate(trace: Trace, profile: Profile, tokenize, dtype: str, num_blocks: int, budget: int, nodes: int = 1,
-             policy: str = "hybrid", client: ClientConfig | None = None) -> tuple[dict, Driver]:
+def simulate(trace: Trace, profile: Profile, tokenize, dtype: str, num_blocks: int, budget: int,
+             nodes: int = S.nodes, policy: str = S.policy, client: ClientConfig | None = None) -> tuple[dict, Driver]:
     cost = profile.cost[dtype]
     backends = [SimBackend(cost, num_blocks, profile.block_size, budget) for _ in range(nodes)]
     router = Router([f"node{i}" for i in range(nodes)], policy) if nodes > 1 else None

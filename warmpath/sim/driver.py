@@ -1,11 +1,11 @@
 """Replays a trace against engine backends on a clock: the engine's own Scheduler and BlockPool with a cost model
 (SimBackend, virtual time), or the real Engine with the model (RealBackend, wall time) for validation.
 
-The client side is the editor plugin's and the agent's behaviour from `warmpath.client` / `warmpath.bench`:
-a keystroke cancels what is pending and debounces a new request; a first token later than the client
-deadline drops the request (aborted in the engine); the server deadline (X-Deadline-Ms) is the request's
-engine deadline; agent turns are closed-loop. Requests join a node's batch at its next step boundary, exactly
-as with the AsyncEngine. Several nodes are routed by `warmpath.router`'s own policies.
+The client side is `warmpath.client`'s own code: each developer is an `EditorSession` (debounce, cancel on a
+newer keystroke, the client deadline) told the virtual time of each event, and every request's outcome is
+`warmpath.client.outcome`'s rule; the server deadline (X-Deadline-Ms) is the request's engine deadline; agent
+turns are closed-loop. Requests join a node's batch at its next step boundary, exactly as with the
+AsyncEngine. Several nodes are routed by `warmpath.router`'s own policies.
 """
 
 from __future__ import annotations
@@ -14,15 +14,20 @@ import heapq
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from warmpath.client.editor import ClientConfig
-from warmpath.engine.engine import Engine
+from warmpath.client.editor import EditorSession
+from warmpath.client.outcome import outcome
+from warmpath.config import ClientConfig, SchedulerConfig, SimConfig
 from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import FinishReason, Request, RequestMetrics, SamplingParams
 from warmpath.engine.scheduler import Scheduler
 from warmpath.router.policies import RouteKey, Router
 from warmpath.sim.cost import CostModel, StepShape, step_shape
-from warmpath.workloads import Trace, editor_document
+from warmpath.workloads import Trace, editor_prompt
+
+if TYPE_CHECKING:
+    from warmpath.engine.engine import Engine
 
 SIM_TOKEN = 1  # what the simulated model "samples": never a stop token (requests run to max_tokens)
 
@@ -46,18 +51,17 @@ class SimRecord:
 
     @property
     def outcome(self) -> str:
-        if self.kind == "agent":
-            return "completed" if self.finish_reason in ("length", "stop") else "dropped"
-        first = self.first_token
-        if self.cancelled_at is not None and (first is None or first > self.cancelled_at):
-            return "cancelled"
-        if first is None or (self.client_deadline is not None and first > self.client_deadline):
-            return "dropped"
-        return "shown"
+        return outcome(self.kind, self.first_token, cancelled_at=self.cancelled_at, deadline=self.client_deadline,
+                       finish_reason=self.finish_reason)
 
     @property
     def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.sent
+        """To the first token the client saw: None if none came before its cancel or its deadline (the
+        simulator knows when it would have come; the client had closed the stream)."""
+        first = self.first_token
+        if first is None or any(t is not None and first > t for t in (self.cancelled_at, self.client_deadline)):
+            return None
+        return first - self.sent
 
 
 @dataclass
@@ -73,12 +77,9 @@ class SimBackend:
 
     def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, max_num_batched_tokens: int = 512,
                  max_num_seqs: int = 64, enable_prefix_caching: bool = True):
-        from warmpath.config import EngineConfig
-
         self.cost = cost
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, b"sim")
-        self.scheduler = Scheduler(EngineConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                                max_num_seqs=max_num_seqs, block_size=block_size), self.pool)
+        self.scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens, max_num_seqs), self.pool)
         self.requests: dict[str, Request] = {}
         self.now = 0.0
         self.scheduler.clock = lambda: self.now
@@ -173,8 +174,8 @@ class Sample:
 
 class Driver:
     def __init__(self, trace: Trace, backends: list, tokenize, client: ClientConfig | None = None,
-                 router: Router | None = None, realtime: bool = False, sample_every_s: float = 1.0,
-                 drain_s: float = 30.0):
+                 router: Router | None = None, realtime: bool = False,
+                 sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s):
         self.trace, self.backends, self.tokenize = trace, backends, tokenize
         self.client = client or ClientConfig()
         self.router, self.realtime = router, realtime
@@ -183,7 +184,7 @@ class Driver:
         self.samples: list[Sample] = []
         self._events: list[tuple[float, int, str, dict]] = []
         self._seq = itertools.count()
-        self._pending: dict[str, int] = {}  # editor session -> debounce generation still wanted
+        self._editors: dict[str, EditorSession] = {}  # editor session -> its plugin
         self._inflight: dict[str, str] = {}  # session -> request id in flight
         self._last_prompt: dict[str, tuple[int, list[int], list[bytes]]] = {}  # session -> (node, ids, hashes)
         self._agent_turns: dict[str, list[dict]] = {}
@@ -197,54 +198,42 @@ class Driver:
         heapq.heappush(self._events, (t, next(self._seq), kind, data))
 
     def _load(self) -> None:
-        prefix_chars = int((self.trace.meta.get("editor") or {}).get("prefix_chars", 5000))
-        suffix_chars = int((self.trace.meta.get("editor") or {}).get("suffix_chars", 1000))
-        prompts: dict[str, str] = {}
         for e in self.trace.events:
             if e["type"] == "key":
-                self._push(e["t"], "key", {"event": e, "prefix_chars": prefix_chars, "suffix_chars": suffix_chars})
-            elif e["type"] == "turn":
-                prompt = prompts.get(e["session"], "")[: e["keep"]] + e["add"]
-                prompts[e["session"]] = prompt
-                self._agent_turns.setdefault(e["session"], []).append({**e, "prompt": prompt})
+                self._push(e["t"], "key", e)
+        self._agent_turns = self.trace.agent_turns()
         for session, turns in self._agent_turns.items():
             self._push(turns[0]["t"], "turn", {"session": session, "index": 0})
 
     def _handle(self, t: float, kind: str, data: dict) -> None:
-        cfg = self.client
+        session = data["session"]
         if kind == "key":
-            e = data["event"]
-            session = e["session"]
-            self._cancel(session, t)
-            gen = self._pending.get(session, 0) + 1
-            self._pending[session] = gen
-            self._push(t + cfg.debounce_ms / 1000, "send", {**data, "gen": gen})
-        elif kind == "send":
-            session = data["event"]["session"]
-            if self._pending.get(session) != data["gen"]:
-                return  # a later key replaced it
-            prefix, _, _ = editor_document(self.trace, data["event"], data["prefix_chars"], data["suffix_chars"])
-            rec = self._send(session, "editor", prefix, cfg.max_tokens, t, t + cfg.max_time_ms / 1000)
-            rec.client_deadline = t + cfg.deadline_ms / 1000
-            self._push(rec.client_deadline, "client_deadline", {"rid": rec.rid})
-        elif kind == "client_deadline":
-            rec = self.records[data["rid"]]
-            if rec.done is None and (rec.first_token is None or rec.first_token > t):
-                self.backends[rec.node].abort(rec.rid)  # the client closes the stream: the server aborts
-                self._finish(rec, t, "client_deadline")
+            editor = self._editors.get(session)
+            if editor is None:
+                editor = self._editors[session] = EditorSession(session, self.client)
+            if editor.keystroke(t, *editor_prompt(self.trace, data)) is not None:
+                self._close(session, t, "client_cancel")
+            self._push(editor.due, "timer", {"session": session})
+        elif kind == "timer":
+            send = self._editors[session].timer(t)
+            if send is not None:
+                rec = self._send(session, "editor", send.body["prompt"], send.body["max_tokens"], t, send.max_time)
+                rec.client_deadline = send.deadline
+                self._push(send.deadline, "deadline", {"session": session})
+        elif kind == "deadline":
+            if self._editors[session].deadline(t) is not None:
+                self._close(session, t, "client_deadline")
         elif kind == "turn":
-            turn = self._agent_turns[data["session"]][data["index"]]
-            self._send(data["session"], "agent", turn["prompt"], int(turn["max_tokens"]), t, None,
-                       turn_index=data["index"])
+            turn = self._agent_turns[session][data["index"]]
+            self._send(session, "agent", turn["prompt"], int(turn["max_tokens"]), t, None, turn_index=data["index"])
 
-    def _cancel(self, session: str, t: float) -> None:
-        rid = self._inflight.get(session)
-        if rid is not None:
-            rec = self.records[rid]
-            if rec.done is None:
-                self.backends[rec.node].abort(rid)
-                rec.cancelled_at = t
-                self._finish(rec, t, "client_cancel")
+    def _close(self, session: str, t: float, reason: str) -> None:
+        """The client closes the stream of its request in flight: the server aborts it."""
+        rec = self.records[self._inflight[session]]
+        self.backends[rec.node].abort(rec.rid)
+        if reason == "client_cancel":
+            rec.cancelled_at = t
+        self._finish(rec, t, reason)
 
     def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,
               turn_index: int | None = None) -> SimRecord:
@@ -271,6 +260,8 @@ class Driver:
         rec.done, rec.finish_reason = t, rec.finish_reason or reason
         if self._inflight.get(rec.session) == rec.rid:
             del self._inflight[rec.session]
+            if rec.kind == "editor":
+                self._editors[rec.session].done(t)
         if rec.kind == "agent":  # closed loop: the next turn after the think time
             turns = self._agent_turns[rec.session]
             i = rec.turn_index + 1
@@ -336,7 +327,10 @@ class Driver:
             rec = self.records.get(rid)
             if rec is None or rec.done is not None:
                 continue
-            rec.first_token = rec.first_token or t_end
+            if rec.first_token is None:
+                rec.first_token = t_end
+                if rec.kind == "editor":
+                    self._editors[rec.session].first_token(t_end)
             rec.token_times += [t_end] * n
         for rid, reason in result.finished:
             rec = self.records.get(rid)

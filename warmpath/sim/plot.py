@@ -63,7 +63,8 @@ def plot_timeline(driver: Driver, path: str, title: str) -> None:
     blocks = sum(b.pool.num_blocks for b in driver.backends)
     fig, ax = plt.subplots(figsize=(11, 4))
     ax.plot(t, [100 * s.used_blocks / blocks for s in driver.samples], label="blocks held by requests (%)")
-    ax.plot(t, [100 * min(s.cached_blocks, blocks) / blocks for s in driver.samples], label="blocks caching a prefix (%)")
+    ax.plot(t, [100 * min(s.cached_blocks, blocks) / blocks for s in driver.samples],
+            label="blocks caching a prefix (%)")
     ax.set_xlabel("simulated minutes")
     ax.set_ylabel("% of the pool")
     twin = ax.twinx()

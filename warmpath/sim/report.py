@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
-from warmpath.bench.report import percentile
+from warmpath.client.outcome import CANCELLED, COMPLETED, DROPPED, SHOWN, censored_ttfts
 from warmpath.sim.driver import Driver, SimRecord
+from warmpath.stats import percentile
 
 STALL_S = 1.0  # an inter-token gap this long is a visible stall in a streaming answer
 
@@ -30,11 +31,9 @@ def summarize(driver: Driver, wall_s: float) -> dict:
     for kind, rs in (("editor", editor), ("agent", agent)):
         if not rs:
             continue
-        outcomes = {o: sum(r.outcome == o for r in rs) for o in ("shown", "dropped", "cancelled", "completed")}
+        outcomes = {o: sum(r.outcome == o for r in rs) for o in (SHOWN, DROPPED, CANCELLED, COMPLETED)}
         out[f"{kind}_outcomes"] = {k: v for k, v in outcomes.items() if v}
-        # censored like `warmpath bench`: a request with no first token in time counts as +inf, never as the deadline
-        ttfts = [r.ttft if r.outcome in ("shown", "completed") else math.inf
-                 for r in rs if r.outcome != "cancelled"]
+        ttfts = censored_ttfts(rs)
         out[f"{kind}_ttft_p50_s"] = percentile(ttfts, 50) if ttfts else None
         out[f"{kind}_ttft_p99_s"] = percentile(ttfts, 99) if ttfts else None
     before = [s.resident_sessions for s in driver.samples
