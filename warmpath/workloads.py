@@ -40,7 +40,7 @@ from functools import cache
 from pathlib import Path
 
 WORKLOADS = ("editor", "agent", "mixed")
-CHARS_PER_TOKEN = 3.9  # median over standard-library files for the bundled tokenizer (range 2.2-4.6)
+CHARS_PER_TOKEN = 3.9  # the bundled tokenizer's median over standard-library files: sizes agent contexts without it
 
 
 @dataclass

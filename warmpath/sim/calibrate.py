@@ -109,7 +109,7 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
     (a few new tokens over a long cached prefix, small decode batches), in the proportions they occur."""
     from dataclasses import replace
 
-    from warmpath.client.editor import ClientConfig
+    from warmpath.config import ClientConfig
     from warmpath.sim.driver import Driver, RealBackend
     from warmpath.workloads import make_trace
 

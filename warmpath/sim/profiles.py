@@ -21,10 +21,10 @@ LLAMA3_8B = ModelConfig(architecture="llama", vocab_size=128256, hidden_size=409
                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
                         max_position_embeddings=131072)
 
-# `warmpath simulate --calibrate` on a 2-core AMD EPYC (AVX2), torch 2.13.0, fp32, 2 threads:
+# The built-in fit: `warmpath simulate --calibrate` (synthetic steps plus the steps of a real editor trace) on
+# the machine below; the command prints the fit's errors, and benchmarks/sim_validation.py checks the simulator
+# against the real engine (benchmarks/results/sim_validation.json).
 CPU_SMOLLM2_MEASURED = "2-core AMD EPYC (AVX2), torch 2.13.0 CPU, fp32, 2026-11-30"
-# 60 synthetic steps (long prefills, decode batches, mixed) + 135 steps of a real editor trace (seed 101);
-# relative error median 8%; on the trace's steps the median signed error is -2%.
 CPU_SMOLLM2_FP32 = CostModel(base=0.0679, per_token=0.00150, prefill_attention=9.20e-7, per_seq=0.0,
                              kv_read=1.33e-5, per_chunk=0.0248)
 
