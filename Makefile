@@ -22,15 +22,17 @@ model: $(STAMP)
 serve: setup
 	$(BIN)/warmpath serve $(ARGS)
 
-test: setup
-	$(BIN)/ruff check .
+test: setup lint
 	$(BIN)/pytest -q $(ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit $(ARGS)
 
+# ruff (E501 on), the layer rules (import-linter contracts in pyproject.toml), the C files' format.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/clang-format --dry-run --Werror warmpath/kernels/cpu/*.c warmpath/kernels/cpu/*.h
 
 # Benchmarks, one after another (never concurrently: two torch processes on 2 cores distort each other).
 bench: setup

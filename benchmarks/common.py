@@ -24,14 +24,6 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-def percentile(values: list[float], q: float) -> float:
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
-    return xs[k]
-
-
 def write_json(path: str, payload: dict) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

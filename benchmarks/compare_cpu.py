@@ -38,9 +38,9 @@ from common import code_windows, machine, write_json
 from model_speed import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES, Transformers
 
 from warmpath import LLM, SamplingParams
-from warmpath.bench.report import percentile
 from warmpath.client.completion import RequestRecord, Target, discover_model, stream_completion
 from warmpath.models.registry import load_tokenizer, resolve_model
+from warmpath.stats import percentile
 
 WARM_CONTEXT, WARM_NEW = 4000, 20
 ROWS = [*(f"prefill_{n}_s" for n in PREFILL_SIZES), "warm_ttft_s", "decode_tps"]

@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import code_windows, machine, percentile, write_json
+from common import code_windows, machine, write_json
 
 from warmpath import LLM, SamplingParams
+from warmpath.stats import percentile
 
 
 def decode_throughput(llm: LLM, prompts: list[list[int]]) -> dict:

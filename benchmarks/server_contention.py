@@ -21,9 +21,10 @@ import sys
 import time
 
 import httpx
-from common import code_windows, machine, percentile, write_json
+from common import code_windows, machine, write_json
 
 from warmpath import LLM, SamplingParams
+from warmpath.stats import percentile
 
 DECODE = 64
 
