@@ -52,6 +52,7 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # overrides kv_cache_memory when set
     kv_cache_memory: int = 1 << 30  # bytes of KV cache (bf16 SmolLM2: ~46k tokens per GiB)
+    kv_cache_dtype: str = "auto"  # the cache's own dtype: auto (the model's) | float32 | bfloat16 | float16
     max_model_len: int | None = None  # default: the model's context length
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     max_num_seqs: int = SchedulerConfig.max_num_seqs

@@ -44,6 +44,16 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return dtypes[name]
 
 
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's own dtype; "auto": the model's."""
+    if name == "auto":
+        return model_dtype
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16; got {name!r}")
+    return dtypes[name]
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -63,10 +73,11 @@ class Engine:
             model.keep_half_width_copies(half)
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
-        blocks = num_kv_blocks(config, self.model_config, self.dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        blocks = num_kv_blocks(config, self.model_config, self.kv_dtype)
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
-        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.dtype, config.device)
+        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
         native = self._native_forward(config, model, ckpt_quantized, kv)
         del ckpt_quantized
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,

@@ -34,9 +34,10 @@ class AttentionMetadata:
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
+    """The cache has a dtype of its own (EngineConfig.kv_cache_dtype): K/V are rounded to it on the way in."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def paged_attention(
@@ -56,16 +57,16 @@ def paged_attention(
     out = torch.empty_like(q)
     for span in meta.prefills:
         qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        ks = k_flat[span.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        vs = v_flat[span.kv_slots].transpose(0, 1).unsqueeze(0)
+        ks = k_flat[span.kv_slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, Hkv, L, D]
+        vs = v_flat[span.kv_slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
         o = F.scaled_dot_product_attention(
             qs, ks, vs, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
         )
         out[span.start : span.end] = o[0].transpose(0, 1)
     if meta.decode_rows is not None:
         qd = q[meta.decode_rows].unsqueeze(2)  # [D, H, 1, D]
-        kd = k_flat[meta.decode_slots].transpose(1, 2)  # [D, Hkv, L, D]
-        vd = v_flat[meta.decode_slots].transpose(1, 2)
+        kd = k_flat[meta.decode_slots].transpose(1, 2).to(q.dtype)  # [D, Hkv, L, D]
+        vd = v_flat[meta.decode_slots].transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
         out[meta.decode_rows] = o.squeeze(2)
     return out
