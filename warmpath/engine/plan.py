@@ -1,0 +1,144 @@
+"""Which backend computes which step shape on this machine: the plan. Measured at the first start of a model on a
+machine (plan_timing.py), saved under $WARMPATH_HOME/plans/, loaded after; runner.route() reads it.
+
+Step times are kept per backend and shape class in milliseconds, in the layout of
+`../shared/data/plan_timings_spr.json`: {"decode": {"RxCTX": ms}, "chunk": {"K@CTX": ms}} per backend, a decode
+class being one step of R sequences at CTX tokens of context, a chunk class K new tokens over CTX cached ones.
+Pure Python (no torch): the planner's choice is tested with recorded timings of other CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+BACKENDS = ("native-int8", "native-fp32", "torch-bf16", "torch-fp32")
+# Batch- and chunk-invariant: a sequence's numbers never depend on what shares its step or on where its prompt
+# was cut into chunks, so a greedy request repeats whatever the load and the cache state (the kernel's tests).
+DETERMINISTIC = ("native-int8", "native-fp32")
+DECODE_SHAPES = ((1, 512), (4, 512), (16, 512), (64, 512), (1, 2048), (4, 2048), (16, 2048))  # rows, context
+CHUNK_SHAPES = tuple((k, c) for k in (8, 32, 128, 512) for c in (0, 2048, 6144))  # new tokens, cached tokens
+
+Timings = dict[str, dict[str, dict[str, float]]]  # backend -> "decode" | "chunk" -> shape key -> ms
+
+
+def decode_key(rows: int, context: int) -> str:
+    return f"{rows}x{context}"
+
+
+def chunk_key(new: int, cached: int) -> str:
+    return f"{new}@{cached}"
+
+
+def _parse(key: str) -> tuple[int, int]:
+    a, b = key.replace("@", "x").split("x")
+    return int(a), int(b)
+
+
+@dataclass
+class Plan:
+    """One native backend and one torch backend at most (each holds its own weights), and per shape class which
+    of them computes it."""
+
+    native: str | None  # "native-int8" | "native-fp32" | None
+    torch: str | None  # "torch-bf16" | "torch-fp32" | None
+    decode: dict[str, str]  # decode shape key -> backend
+    chunk: dict[str, str]  # chunk shape key -> backend
+    timings: Timings = field(default_factory=dict)
+    deterministic: bool = True
+    key: str = ""  # what it was measured for (machine, model, code): a different key means measure again
+
+    @property
+    def backends(self) -> list[str]:
+        return [b for b in (self.native, self.torch) if b is not None]
+
+    def for_decode(self, rows: int, context: int) -> str:
+        return self.decode[_nearest(self.decode, rows, context)]
+
+    def for_chunk(self, new: int, cached: int) -> str:
+        return self.chunk[_nearest(self.chunk, new, cached)]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)  # atomic: engines starting together never read half a plan
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def table(self) -> str:
+        """ms per candidate per shape and the choice, as `warmpath plan` prints it."""
+        names = [b for b in BACKENDS if b in self.timings]
+        lines = [f"plan: {' + '.join(self.backends)} ({'deterministic' if self.deterministic else 'nondeterministic'})",
+                 "| shape | " + " | ".join(names) + " | chosen |", "|---|" + "---|" * (len(names) + 1)]
+        for kind, choice in (("decode", self.decode), ("chunk", self.chunk)):
+            for key, chosen in choice.items():
+                cells = [_ms(self.timings[b].get(kind, {}).get(key)) for b in names]
+                label = f"decode {key.replace('x', ' x ')}" if kind == "decode" else f"chunk {key.replace('@', ' @ ')}"
+                lines.append(f"| {label} | " + " | ".join(cells) + f" | {chosen} |")
+        return "\n".join(lines)
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _nearest(choice: dict[str, str], a: int, context: int) -> str:
+    """The class closest to (a rows or new tokens, context): a factor of 2 in rows counts as much as 1,024 tokens
+    of context (a few hundred cached tokens change a step's cost far less than doubling its rows)."""
+    def distance(key: str) -> float:
+        ka, kc = _parse(key)
+        return abs(math.log2(max(a, 1) / ka)) + abs(context - kc) / 1024
+
+    return min(choice, key=distance)
+
+
+def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = "") -> Plan:
+    """The fastest plan the timings allow. Deterministic (the default): one deterministic backend for every
+    shape — mixing two would make a sequence's numbers depend on its step's size or its chunking. Otherwise any
+    native backend with any torch backend, each shape to the faster of the two. Among candidate plans the one
+    with the lowest geometric mean of its per-shape times wins (fewer backends on a tie: less memory)."""
+    have = [b for b in BACKENDS if b in timings]
+    natives = [b for b in have if b.startswith("native")]
+    torches = [b for b in have if b.startswith("torch")]
+    if allow_nondeterministic:
+        pairs = [(n, t) for n in [None, *natives] for t in [None, *torches] if n or t]
+    else:
+        pairs = [(n, None) for n in natives if n in DETERMINISTIC] or [(None, t) for t in torches]
+    if not pairs:
+        raise ValueError("no backend has timings to plan with")
+    best: tuple[float, int, Plan] | None = None
+    for native, torch in pairs:
+        members = [b for b in (native, torch) if b]
+        choice = {kind: _fastest(timings, members, kind) for kind in ("decode", "chunk")}
+        times = [timings[b][kind][k] for kind in choice for k, b in choice[kind].items()]
+        if not times:
+            continue
+        score = sum(math.log(max(t, 1e-6)) for t in times) / len(times)
+        plan = Plan(native, torch, choice["decode"], choice["chunk"], timings,
+                    all(b in DETERMINISTIC for b in members), key)
+        if best is None or (score, len(members)) < best[:2]:
+            best = (score, len(members), plan)
+    if best is None:
+        raise ValueError("the timings cover no shape")
+    return best[2]
+
+
+def _fastest(timings: Timings, members: list[str], kind: str) -> dict[str, str]:
+    """Per shape the member with the lowest time; shapes some member has no time for are left to those that do."""
+    shapes = sorted({k for b in members for k in timings[b].get(kind, {})}, key=_parse)
+    return {k: min((b for b in members if k in timings[b].get(kind, {})), key=lambda b: timings[b][kind][k])
+            for k in shapes}
+
+
+def single(backend: str, key: str = "") -> Plan:
+    """A plan of one backend for every shape (a named plan: `--plan native-int8`)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"plan must be auto, a plan file or one of {', '.join(BACKENDS)}; got {backend!r}")
+    native, torch = (backend, None) if backend.startswith("native") else (None, backend)
+    return Plan(native, torch, {decode_key(r, c): backend for r, c in DECODE_SHAPES},
+                {chunk_key(k, c): backend for k, c in CHUNK_SHAPES}, {}, backend in DETERMINISTIC, key)
