@@ -1,8 +1,14 @@
-"""ASGI middleware shared by the server and the router: body size limit and API key, answered with the
-OpenAI error object."""
+"""ASGI middleware shared by the server and the router: API key (401), then the body read under a size limit
+(413) and a time limit (408), answered with the OpenAI error object.
+
+The limit is on the bytes actually received, whatever the framing: a `Content-Length` over it is refused
+before any byte of the body is read, a chunked body as soon as its running total passes it. Headers are
+decoded as latin-1, as Starlette does, so no header byte can make a request fail with a 500.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from fastapi.responses import JSONResponse
@@ -10,27 +16,92 @@ from fastapi.responses import JSONResponse
 from warmpath.api.protocol import error_body
 
 
+class _TooLarge(Exception):
+    pass
+
+
+class _Gone(Exception):
+    """The client went away while sending its body."""
+
+
 class GuardMiddleware:
-    """Pure ASGI (no response buffering, disconnects pass through): body size limit and API key."""
+    """Pure ASGI (no response buffering, disconnects pass through). The app sees a request only once its whole
+    body is in, within the limits; the body is handed on as one message."""
 
     def __init__(self, app, config, open_paths: tuple[str, ...] = ("/health",)):
         self.app, self.config, self.open_paths = app, config, open_paths  # open_paths: no API key asked
+        self.keys = [f"Bearer {k}".encode() for k in accepted_keys(config)]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.config.max_body_bytes:
-            resp = JSONResponse(error_body(f"request body over {self.config.max_body_bytes} bytes"), status_code=413)
-            return await resp(scope, receive, send)
-        if self.config.api_key and not _is_open(scope["path"], self.open_paths):
-            auth = headers.get("authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {self.config.api_key}".encode()):
-                resp = JSONResponse(error_body("missing or wrong API key", "authentication_error",
-                                               code="invalid_api_key"), status_code=401)
-                return await resp(scope, receive, send)
-        return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        limit = self.config.max_body_bytes
+        length = headers.get("content-length", b"").decode("latin-1")
+        if length.isdigit() and int(length) > limit:
+            return await _refuse(413, f"request body over {limit} bytes", scope, receive, send)
+        if self.keys and not _is_open(scope["path"], self.open_paths):
+            auth = headers.get("authorization", b"")
+            if not any(hmac.compare_digest(auth, k) for k in self.keys):  # each compared in constant time
+                return await _refuse(401, "missing or wrong API key", scope, receive, send, "authentication_error",
+                                     "invalid_api_key")
+        try:
+            async with asyncio.timeout(getattr(self.config, "body_timeout", None)):
+                body = await _read_body(receive, limit)
+        except _TooLarge:
+            return await _refuse(413, f"request body over {limit} bytes", scope, receive, send)
+        except TimeoutError:
+            return await _refuse(408, "request body not received in time", scope, receive, send, code="timeout")
+        except _Gone:
+            return None
+        return await self.app(scope, _replay(body, receive), send)
+
+
+def accepted_keys(config) -> list[str]:
+    """The API keys a request may carry: `api_key`, plus one per line of `api_keys_file` (# comments)."""
+    keys = [config.api_key] if config.api_key else []
+    path = getattr(config, "api_keys_file", None)
+    if path:
+        with open(path) as f:
+            keys += [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
+    return keys
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Gone()
+        piece = message.get("body", b"")
+        size += len(piece)
+        if size > limit:  # refused now: the rest is never read into memory
+            raise _TooLarge()
+        chunks.append(piece)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """The app's receive: the whole body once, then the real channel (its disconnect)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(status: int, message: str, scope, receive, send, type_: str = "invalid_request_error",
+                  code: str | None = None) -> None:
+    # The connection is closed after a refusal mid-body: what the client still sends is not read.
+    headers = {"connection": "close"} if status in (408, 413) else None
+    resp = JSONResponse(error_body(message, type_, code=code), status_code=status, headers=headers)
+    await resp(scope, receive, send)
 
 
 def _is_open(path: str, open_paths: tuple[str, ...]) -> bool:

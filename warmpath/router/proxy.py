@@ -4,8 +4,10 @@ nodes with the tier's policy, and send the request to a node, relaying its answe
 A node that fails before the first byte reaches the client gets one failover to the next candidate while the
 deadline allows; one that fails mid-stream ends the stream with an error event (never a clean [DONE], never a
 replay). Past X-Deadline-Ms the router answers silence itself and closes the upstream stream; the node is told
-the remaining budget. Bad input is the node's to judge, so errors have exactly the node's shape; a client that
-goes away closes the upstream stream (the node aborts).
+the remaining budget. Bad input is the node's to judge, so errors have exactly the node's shape (a node's 4xx is
+relayed as it is, never failed over: it is the request's fault, not the node's); the router itself only refuses
+a bad X-Deadline-Ms, before the cache is consulted. A client that goes away closes the upstream stream (the
+node aborts).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
-from warmpath.api.protocol import ApiError, content_text, error_body
+from warmpath.api.protocol import content_text, error_body
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.metrics import RouterMetrics
@@ -48,7 +50,6 @@ class Routed:
     kind: str  # "completion" | "chat"
     stream: bool
     deadline: float | None  # monotonic
-    deadline_ok: bool  # False: the header is invalid and forwarded as it is, for the node to answer the 400
     key: str | None = None  # the response-cache key, for a deterministic request
 
     @property
@@ -57,10 +58,8 @@ class Routed:
 
 
 def read_request(path: str, raw: bytes, headers) -> Routed:
-    try:
-        deadline, deadline_ok = parse_deadline(headers, time.monotonic()), True
-    except ApiError:
-        deadline, deadline_ok = None, False
+    """ApiError (400) for a bad X-Deadline-Ms, with the node's own message."""
+    deadline = parse_deadline(headers, time.monotonic())
     try:
         body = json.loads(raw)
     except ValueError:
@@ -81,7 +80,7 @@ def read_request(path: str, raw: bytes, headers) -> Routed:
             prompt = ",".join(str(t) for t in prompt)
         prompt = prompt if isinstance(prompt, str) else ""
     return Routed(path, raw, body, session_key(headers, b.get("user")), prompt, kind, b.get("stream") is True,
-                  deadline, deadline_ok)
+                  deadline)
 
 
 class _Failed(Exception):
@@ -135,8 +134,8 @@ class Proxy:
                                    self.config.line_max_tokens)
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
-        if routed.body is not None and self.config.cache_entries > 0:
-            routed.key = cache_key(path, routed.body)
+        if routed.body is not None and self.config.cache_entries > 0:  # per tenant: see cache.py
+            routed.key = cache_key(path, routed.body, request.headers.get("authorization", "").encode("latin-1"))
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
@@ -182,18 +181,17 @@ class Proxy:
         return JSONResponse(error_body("the nodes tried for this request failed before answering", "server_error",
                                        code="upstream_failed"), status_code=502)
 
-    def forward_headers(self, request: Request, routed: Routed) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
+    def forward_headers(self, request: Request, routed: Routed) -> dict[str, bytes]:
+        # Values as bytes: a header is passed on byte for byte, whatever it holds (Starlette decoded latin-1).
+        h = {"Content-Type": b"application/json"}
         for name in ("x-session-id", "x-completion-kind"):
             if name in request.headers:
-                h[name] = request.headers[name]
-        if not routed.deadline_ok:
-            h["X-Deadline-Ms"] = request.headers["x-deadline-ms"]  # the node answers the 400
-        elif routed.deadline is not None:
-            h["X-Deadline-Ms"] = f"{max(1.0, (routed.deadline - time.monotonic()) * 1000):.0f}"
+                h[name] = request.headers[name].encode("latin-1")
+        if routed.deadline is not None:
+            h["X-Deadline-Ms"] = f"{max(1.0, (routed.deadline - time.monotonic()) * 1000):.0f}".encode()
         auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
         if auth:
-            h["Authorization"] = auth
+            h["Authorization"] = auth.encode("latin-1")
         return h
 
     async def send(self, request: Request, node: Node, payload: bytes, routed: Routed) -> Response:
