@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from server_harness import CODE, running_app, running_server
+from server_harness import CODE, running_app, running_server, total
 from test_server_hardening import chunked_upload, raw_request
 
 from warmpath.config import RouterConfig, ServerConfig
@@ -26,6 +26,12 @@ def keyed_node(server_config):
     """A node that wants an API key; routers in front of it forward the client's Authorization."""
     with running_server(server_config, ServerConfig(api_key="node-key", max_body_bytes=1 << 20)) as (url, app):
         yield url, app
+
+
+@pytest.fixture(scope="module")
+def fleet2(server_config):
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(running_server(server_config))[0] for _ in range(2)]
 
 
 GOOD = {"Authorization": "Bearer node-key"}
@@ -71,3 +77,16 @@ def test_header_bytes_that_are_not_utf8_never_get_a_500(keyed_node):
         assert status == 200
         status, body = raw_request(rurl, b"POST", b"/v1/completions", payload, [b"Authorization: Bearer \xff"])
         assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+
+
+def test_unencodable_text_is_the_nodes_400_and_never_a_failover(fleet2):
+    from test_server_hardening import LONE
+
+    with router(fleet2, policy="round-robin") as (rurl, _):
+        for temperature in (0, 1):
+            for path, body in (("/v1/completions", {"prompt": LONE, "user": LONE}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONE}]})):
+                r = httpx.post(rurl + path, content=json.dumps({**body, "max_tokens": 2, "temperature": temperature}),
+                               headers={"Content-Type": "application/json"}, timeout=60)
+                assert r.status_code == 400 and "error" in r.json(), r.text
+        assert total(rurl, "warmpath_router_failovers_total") == 0

@@ -8,6 +8,20 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+def encodable(v):
+    """Text the tokenizer can take: every string (also in lists and content parts) encodes as UTF-8. JSON can
+    carry lone UTF-16 surrogates (`"\\ud800"`), which no tokenizer can encode."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    elif isinstance(v, list):
+        for x in v:
+            encodable(x.get("text") if isinstance(x, dict) else x)
+    return v
+
+
 class SamplingFields(BaseModel):
     # Unknown fields are ignored, as OpenAI clients send many we have no use for.
     model_config = ConfigDict(extra="ignore")
@@ -34,6 +48,7 @@ class SamplingFields(BaseModel):
     @field_validator("stop")
     @classmethod
     def stop_list(cls, v):
+        encodable(v if isinstance(v, list) else [v])
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > 8 or any(not s or len(s) > 256 for s in stops):
             raise ValueError("stop: at most 8 non-empty strings of at most 256 characters")
@@ -45,9 +60,12 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
 
-    @field_validator("prompt")
+    @field_validator("prompt", "suffix")
     @classmethod
-    def one_prompt(cls, v):
+    def one_prompt(cls, v, info):
+        encodable(v)
+        if info.field_name == "suffix":
+            return v
         if isinstance(v, list) and v and isinstance(v[0], (str, list)):
             if len(v) != 1:
                 raise ValueError("one prompt per request")
@@ -72,6 +90,11 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def content_encodable(cls, v):
+        return encodable(v)
 
     def text(self) -> str:
         return content_text(self.content)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 def hash64(text: str) -> int:
     """A real, stable hash (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
 
 class HashRing:

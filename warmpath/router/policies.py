@@ -42,7 +42,8 @@ def prompt_blocks(prompt: str, block_chars: int) -> list[bytes]:
     prefix up to it, so a match on block i implies a match on every block before it (as in the KV cache)."""
     hashes, parent = [], b""
     for start in range(0, len(prompt) - block_chars + 1, block_chars):
-        parent = hashlib.blake2b(parent + prompt[start:start + block_chars].encode(), digest_size=8).digest()
+        block = prompt[start:start + block_chars].encode("utf-8", "surrogatepass")  # any JSON string routes
+        parent = hashlib.blake2b(parent + block, digest_size=8).digest()
         hashes.append(parent)
     return hashes
 

@@ -24,7 +24,7 @@ from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.server.jobs import Job, Jobs
-from warmpath.server.prompts import SuffixCutter, detect_fim, render_chat
+from warmpath.server.prompts import PromptEncoder, SuffixCutter, detect_fim
 
 
 class Frontend:
@@ -37,6 +37,7 @@ class Frontend:
         self.jobs = Jobs(engine, self.async_engine, self.metrics)
         self.tokenizer = engine.tokenizer
         self.fim = detect_fim(self.tokenizer)
+        self.encoder = PromptEncoder(self.tokenizer, engine.max_model_len)
         self.model_name = config.served_model_name or engine.config.model
         self.accepted_names = {self.model_name, engine.config.model}
 
@@ -46,7 +47,7 @@ class Frontend:
                            param="model", code="model_not_found")
 
     # -- jobs from request bodies -----------------------------------------------------------------------------
-    def completion_job(self, body: CompletionRequest, request: Request, received: float) -> Job:
+    async def completion_job(self, body: CompletionRequest, request: Request, received: float) -> Job:
         self.check_model(body.model)
         cutter, fim_mode = None, None
         if isinstance(body.prompt, str):
@@ -56,7 +57,7 @@ class Frontend:
                     text, fim_mode = self.fim.build(body.prompt, body.suffix), self.fim.name
                 else:  # no FIM tokens: complete from the prefix, cut where the suffix starts repeating
                     cutter, fim_mode = SuffixCutter(body.suffix), "prefix-only"
-            prompt_ids = self.tokenizer.encode(text)
+            prompt_ids = await self.encoder.encode(text)
         else:
             if body.suffix:
                 raise ApiError(400, "suffix needs a text prompt", param="suffix")
@@ -65,15 +66,17 @@ class Frontend:
         job.cutter, job.fim_mode = cutter, fim_mode
         return job
 
-    def chat_job(self, body: ChatRequest, request: Request, received: float) -> Job:
+    async def chat_job(self, body: ChatRequest, request: Request, received: float) -> Job:
         self.check_model(body.model)
         try:
-            text = render_chat(self.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
+            prompt_ids = await self.encoder.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+        except ApiError:
+            raise
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
         except Exception as e:  # a template that fails on these messages is the caller's input problem
             raise ApiError(400, f"chat template failed on these messages: {e}", param="messages") from None
-        return self.jobs.make("chat", body, self.tokenizer.encode(text), request.headers, received,
+        return self.jobs.make("chat", body, prompt_ids, request.headers, received,
                               body.max_completion_tokens or body.max_tokens)
 
     # -- answers ----------------------------------------------------------------------------------------------
@@ -151,13 +154,13 @@ async def prometheus(request: Request):
 @routes.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     received, f = time.monotonic(), _frontend(request)
-    return await f.respond(f.completion_job(body, request, received), body, request)
+    return await f.respond(await f.completion_job(body, request, received), body, request)
 
 
 @routes.post("/v1/chat/completions")
 async def chat(body: ChatRequest, request: Request):
     received, f = time.monotonic(), _frontend(request)
-    return await f.respond(f.chat_job(body, request, received), body, request)
+    return await f.respond(await f.chat_job(body, request, received), body, request)
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
