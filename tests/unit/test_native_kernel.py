@@ -2,6 +2,7 @@
 weights' exact values, a decode step equals the torch model's up to summation order, a sequence's result does
 not depend on what it is batched with, and the engine mixes it with torch prefill correctly."""
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -16,6 +17,7 @@ from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
 from warmpath.kernels import native
 from warmpath.kernels.native import NativeForward, NativeKernelError, matmul
 from warmpath.models.kv_cache import allocate_kv_cache
+from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
 
@@ -119,11 +121,12 @@ def step_inputs(n_ctx: int, first_block: int) -> tuple[list[int], list[int]]:
 def test_a_step_equals_the_torch_models(model_dir, request, kernel_build):
     """fp32 weights in the kernel: the same logits as the torch model (to summation order) and the same K/V
     written into the cache, for sequences of different lengths in one step (Qwen2: with q/k/v biases)."""
-    llm = LLM(str(request.getfixturevalue(model_dir)), dtype="float32", kernel="torch", num_kv_blocks=64)
-    model, cfg = llm.engine.model, llm.model_config
+    ckpt = load_checkpoint(str(request.getfixturevalue(model_dir)), torch.float32)
+    cfg = ckpt.config
+    model = LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu")
     kv = allocate_kv_cache(cfg, 64, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
-    kernel = NativeForward(model, {}, kv, 16, weights="f32")
+    kernel = NativeForward(cfg, ckpt.weights, {}, kv, 16, weights_mode="f32")
     seqs = []
     # Decodes and short chunks (causal within the chunk): not block-aligned, some over more than one 128-token
     # attention span, one chunk crossing a span boundary, one with nothing cached.
@@ -147,11 +150,11 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
     more through converted panels (fp32) or 6-row int8 tiles, a prompt chunk beside decodes too."""
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     ckpt = load_checkpoint(str(path), torch.float32)
-    llm = LLM(str(path), dtype="float32", kernel="torch", num_kv_blocks=160)
-    model, cfg = llm.engine.model, llm.model_config
+    cfg = ckpt.config
+    model = LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu")
     kv = allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu")
     runner = ModelRunner(model, kv, 16)
-    kernel = NativeForward(model, ckpt.quantized, kv, 16, activations=activations)
+    kernel = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, 16, activations=activations)
     assert kernel.weight_kinds == ["f32", "q4_1", "q8_0"]
     seqs = []
     for i, n_ctx in enumerate((40, 3, 150, 17, 64, 90, 8, 33)):
@@ -170,7 +173,7 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
     for batch in (seqs[:3], seqs[:4], seqs[:5], seqs[:7], seqs, [*seqs, chunk]):
         assert torch.equal(decode(batch)[0], alone)
     if activations == "int8":  # near the fp32 kernel's: only the activations' rounding differs
-        exact = NativeForward(model, ckpt.quantized, kv, 16)
+        exact = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, 16)
         kv[:] = before
         ref = exact.forward(*map(list, zip(*seqs[:1], strict=True)))[0]
         assert not torch.equal(alone, ref) and (alone - ref).abs().max() < 0.05 * ref.abs().max()
@@ -208,8 +211,9 @@ def test_kernel_settings(tiny_llama_dir):
     assert LLM(str(tiny_llama_dir), dtype="float32", kernel="torch").engine.runner.native is None
     with pytest.raises(ValueError, match="kernel must be"):
         LLM(str(tiny_llama_dir), dtype="float32", kernel="fast")
-    with pytest.raises(ValueError, match="float32"):
-        LLM(str(tiny_llama_dir), dtype="bfloat16", kernel="native")
+    beside_bf16 = LLM(str(tiny_llama_dir), dtype="bfloat16", kernel="native")  # on request: its own weights
+    assert beside_bf16.engine.runner.native is not None and beside_bf16.engine.kv_dtype == torch.bfloat16
+    assert len(beside_bf16.generate("def f", GREEDY)[0].token_ids) == 12
 
 
 def test_kernel_activations_settings(tiny_llama_dir, tmp_path):
@@ -290,3 +294,170 @@ print(loaded, started)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
     loaded, started = map(int, out.stdout.split())
     assert started == loaded  # one step thread in, one OpenMP worker out
+
+
+# -- 16-bit KV cache, weights of the kernel's own -----------------------------------------------------------------
+
+KV16 = [torch.bfloat16, torch.float16]
+
+
+def rounding_cases(dtype: torch.dtype) -> torch.Tensor:
+    """fp32 values over every rounding case of dtype: random bit patterns, exact ties (round half to even),
+    fp16 subnormals and their ties, overflow, infinities, signed zeros."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-(2**31), 2**31, (200_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    if dtype == torch.bfloat16:
+        ties = (bits & ~0xFFFF) | 0x8000
+    else:  # exponents of fp16's range, the low 13 bits exactly half an fp16 ulp
+        exponent = torch.randint(100, 145, bits.shape, generator=g, dtype=torch.int32) << 23
+        ties = (bits & (0x807FE000 - 2**32)) | exponent | 0x1000
+    odd = torch.arange(1, 4096, 2, dtype=torch.float32)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 65504.0, 65519.0, 65520.0, 3.4e38, 1e-45])
+    x = torch.cat([bits.view(torch.float32), ties.view(torch.float32), odd * 2.0**-25, odd * 2.0**-24, -odd * 2.0**-25,
+                   special, -special, torch.randn(10_000, generator=g)])
+    return x[~x.isnan()]
+
+
+@pytest.mark.parametrize("dtype", KV16)
+def test_kv_rounding_equals_torchs(dtype, kernel_build):
+    x = rounding_cases(dtype)
+    assert torch.equal(native.store_kv(x, dtype).view(torch.int16), x.to(dtype).view(torch.int16))
+    assert native.store_kv(torch.tensor([float("nan")]), dtype).isnan().all()
+
+
+def tiny_gguf_kernels(tmp_path, *kv_dtypes, activations="fp32", blocks=160):
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ckpt = load_checkpoint(str(path), torch.float32)
+    caches = [allocate_kv_cache(ckpt.config, blocks, 16, d, "cpu") for d in kv_dtypes]
+    return ckpt, [NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16, activations=activations)
+                  for kv in caches]
+
+
+def three_steps(kernel: NativeForward) -> list[torch.Tensor]:
+    """Prompts as chunks (one over a span boundary), then their decodes, then a chunk over a cached context beside
+    decodes; the cache starts empty. The logits of every step."""
+    kernel.kv_cache.zero_()
+    seqs = [step_inputs(n, 16 * i) for i, n in enumerate((40, 3, 150, 17))]
+    out = [kernel.forward([p[:-1] for p, _ in seqs], [0] * 4, [t for _, t in seqs])]
+    out.append(kernel.forward([p[-1:] for p, _ in seqs], [len(p) - 1 for p, _ in seqs], [t for _, t in seqs]))
+    more, table = step_inputs(60, 16 * 4)
+    kernel.forward([more[:40]], [0], [table])
+    out.append(kernel.forward([more[40:], *([p[-1]] for p, _ in seqs[:3])], [40, *(len(p) for p, _ in seqs[:3])],
+                              [table, *(t for _, t in seqs[:3])]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", KV16)
+def test_a_16bit_kv_cache(tmp_path, dtype, kernel_build):
+    """K/V written rounded as torch rounds them (layer 0's: the same fp32 values in both runs; later layers see a
+    rounded context), logits close to the fp32 cache's, and a sequence's logits whatever it is batched with."""
+    ckpt, (k32, k16) = tiny_gguf_kernels(tmp_path, torch.float32, dtype)
+    ref, got = three_steps(k32), three_steps(k16)
+    assert k16.kv_cache.dtype == dtype and k16.kv_cache[0].abs().sum() > 0
+    assert torch.equal(k16.kv_cache[0].view(torch.int16), k32.kv_cache[0].to(dtype).view(torch.int16))
+    assert not torch.equal(k16.kv_cache.float(), k32.kv_cache)
+    for a, b in zip(got, ref, strict=True):
+        assert (a - b).abs().max() < 0.02 * b.abs().max()
+        assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
+    before = k16.kv_cache.clone()
+    decodes = [([p[-1]], len(p) - 1, t) for p, t in (step_inputs(n, 16 * i) for i, n in enumerate((40, 3, 150, 17)))]
+    chunk = (step_inputs(30, 16 * 5)[0], 0, step_inputs(30, 16 * 5)[1])
+
+    def step(batch):
+        k16.kv_cache[:] = before
+        return k16.forward(*map(list, zip(*batch, strict=True)))
+
+    alone = step(decodes[:1])[0]
+    for batch in (decodes[:2], decodes, [*decodes, chunk]):
+        assert torch.equal(step(batch)[0], alone)
+
+
+def weights_of(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """HF-named views of a torch model's own tensors: what the kernel read before it kept weights of its own."""
+    cfg = model.cfg
+    sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+    w = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.norm}
+    if model.lm_head is not None:
+        w["lm_head.weight"] = model.lm_head
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = (layer.input_norm,
+                                                                                     layer.post_attention_norm)
+        for x, t in zip("qkv", layer.qkv_weight.split(sizes), strict=True):
+            w[p + f"self_attn.{x}_proj.weight"] = t
+        if layer.qkv_bias is not None:
+            for x, t in zip("qkv", layer.qkv_bias.split(sizes), strict=True):
+                w[p + f"self_attn.{x}_proj.bias"] = t
+        w[p + "self_attn.o_proj.weight"] = layer.o_weight
+        w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = layer.gate_up_weight.chunk(2)
+        w[p + "mlp.down_proj.weight"] = layer.down_weight
+    return w
+
+
+@pytest.mark.parametrize("source", ["tiny.gguf", "tiny_qwen2_dir"])
+def test_checkpoint_weights_beside_a_bf16_model_equal_the_fp32_models(source, tmp_path, request):
+    """The kernel built from the checkpoint's weights, beside a bf16 torch model (the checkpoint then dropped),
+    gives the logits, bit for bit, of the kernel built from an fp32 torch model's own tensors (the old path)."""
+    path = write_tiny_gguf(tmp_path / source)[0] if source.endswith(".gguf") else request.getfixturevalue(source)
+    ckpt = load_checkpoint(str(path), torch.float32)
+    cfg, quantized = ckpt.config, ckpt.quantized
+    fp32_model = LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu")
+    old = NativeForward(cfg, weights_of(fp32_model), quantized, allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu"),
+                        16)
+    del fp32_model
+    bf16_model = LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.bfloat16, "cpu")
+    new = NativeForward(cfg, ckpt.weights, quantized, allocate_kv_cache(cfg, 160, 16, torch.float32, "cpu"), 16)
+    del ckpt, quantized
+    assert new.weight_bytes >= old.weight_bytes  # its own norms, biases and RoPE table besides the matrices
+    for a, b in zip(three_steps(new), three_steps(old), strict=True):
+        assert torch.equal(a, b)
+    assert bf16_model.embed.dtype == torch.bfloat16
+
+
+def test_kernel_and_bf16_torch_model_share_a_bf16_kv_cache(tmp_path):
+    """A bf16 torch prefill and a native decode over the same blocks (and the other way round): close to the
+    torch model decoding its own prefill."""
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ckpt = load_checkpoint(str(path), torch.float32)
+    kv = allocate_kv_cache(ckpt.config, 64, 16, torch.bfloat16, "cpu")
+    runner = ModelRunner(LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, torch.bfloat16, "cpu"), kv, 16)
+    kernel = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16)
+    prompts = [step_inputs(n, 16 * i) for i, n in enumerate((40, 90))]
+
+    def prefill_then_decode(first, then):
+        kv.zero_()
+        first([p[:-1] for p, _ in prompts], [0, 0], [t for _, t in prompts])
+        return then([p[-1:] for p, _ in prompts], [len(p) - 1 for p, _ in prompts], [t for _, t in prompts])
+
+    def torch_step(ids, starts, tables):
+        return runner.forward([SeqInput(i, s, t) for i, s, t in zip(ids, starts, tables, strict=True)])
+
+    ref = prefill_then_decode(torch_step, torch_step)
+    for mixed in (prefill_then_decode(torch_step, kernel.forward), prefill_then_decode(kernel.forward, torch_step)):
+        assert (mixed - ref).abs().max() < 0.05 * ref.abs().max()
+        assert mixed.argmax(-1).tolist() == ref.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "f32"])
+@pytest.mark.parametrize("int8", [False, True])
+def test_embedding_rows_from_packed_blocks_equal_the_tables(fmt, int8, tmp_path, kernel_build):
+    """Token rows read out of packed blocks (either quant order) are the dequantized table's rows exactly; a
+    model whose embedding is read from its Q8_0 blocks gives the logits of one reading an fp32 table."""
+    torch.manual_seed(0)
+    q = QuantizedMatrix("f32", 100, 96, torch.randn(100, 96)) if fmt == "f32" else random_blocks(fmt, 100, 96)
+    rows = [0, 7, 8, 99, 42, 7]
+    assert torch.equal(native.matrix_rows(q, rows, int8 and fmt != "f32"), q.dequantize()[rows])
+    if fmt != "q8_0" or int8:
+        return
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ckpt = load_checkpoint(str(path), torch.float32)
+    name = "model.embed_tokens.weight"
+    assert ckpt.quantized[name].kind == "q8_0"
+    assert torch.equal(native.matrix_rows(ckpt.quantized[name], rows), ckpt.weights[name][rows])
+    untied = dataclasses.replace(ckpt.config, tie_word_embeddings=False)  # an fp32 head; the embedding apart
+    weights = {**ckpt.weights, "lm_head.weight": ckpt.weights[name]}
+    kernels = [NativeForward(untied, weights, qs, allocate_kv_cache(untied, 160, 16, torch.float32, "cpu"), 16)
+               for qs in (ckpt.quantized, {k: v for k, v in ckpt.quantized.items() if k != name})]
+    assert kernels[0].weight_bytes < kernels[1].weight_bytes
+    for a, b in zip(three_steps(kernels[0]), three_steps(kernels[1]), strict=True):
+        assert torch.equal(a, b)

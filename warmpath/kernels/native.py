@@ -2,8 +2,9 @@
 first use, called via ctypes.
 
 NativeForward holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
-fp32 for anything else) and computes the sequences of a step it is given in one call, over the same paged KV
-cache the torch model uses. Which sequences those are is the runner's decision (engine/runner.py, route()).
+fp32 for anything else), its own copies of them, independent of any torch model, and computes the sequences of a
+step it is given in one call, over the same paged KV cache (fp32, bf16 or fp16) the torch path uses. Which
+sequences those are is the runner's decision (engine/runner.py, route()).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from warmpath.config import warmpath_home
+from warmpath.config import ModelConfig, warmpath_home
+from warmpath.models.llama import rope_table
 from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_rows
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu") / "forward.c"  # the one translation unit; it includes the cpu/ headers
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
+KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu/common.h WP_KV_*
 
 
 class NativeKernelError(RuntimeError):
@@ -47,10 +50,11 @@ class Layer(ctypes.Structure):
 
 class Model(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in ("num_layers", "hidden", "intermediate", "num_heads", "num_kv_heads",
-                                              "head_dim", "vocab", "block_size", "max_positions", "num_kv_blocks")]
+                                              "head_dim", "vocab", "block_size", "max_positions", "num_kv_blocks",
+                                              "kv_type")]
     _fields_ += [("eps", ctypes.c_float), ("scale", ctypes.c_float), ("embed", ctypes.c_void_p),
-                 ("norm", ctypes.c_void_p), ("rope", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)),
-                 ("head", Matrix)]
+                 ("embed_blocks", Matrix), ("norm", ctypes.c_void_p), ("rope", ctypes.c_void_p),
+                 ("layers", ctypes.POINTER(Layer)), ("head", Matrix)]
 
 
 def _cpu_flags() -> str:
@@ -101,6 +105,10 @@ def load_library() -> ctypes.CDLL:
                                ctypes.c_int]
     lib.wp_matmul.restype = ctypes.c_int
     lib.wp_matmul.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.wp_store_kv.restype = None
+    lib.wp_store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.wp_matrix_rows.restype = None
+    lib.wp_matrix_rows.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     return lib
 
 
@@ -174,60 +182,117 @@ def int8_activations(q: QuantizedMatrix, activations: str) -> bool:
     return activations == "int8" and q.kind in ("q4_1", "q8_0")
 
 
-class NativeForward:
-    """The forward pass of one model over one KV cache, in native code."""
+def store_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (fp32) as the kernel writes it into a KV cache of dtype (for tests of its rounding)."""
+    x = x.float().contiguous()
+    out = torch.empty(x.shape, dtype=dtype)
+    load_library().wp_store_kv(out.data_ptr(), x.data_ptr(), x.numel(), KV_TYPES[dtype])
+    return out
 
-    def __init__(self, model, quantized: dict[str, QuantizedMatrix], kv_cache: torch.Tensor, block_size: int,
-                 weights: str = "checkpoint", activations: str = "fp32"):
-        """weights: "checkpoint" reads the checkpoint's own quantized blocks where it has them and the fp32
+
+def matrix_rows(q: QuantizedMatrix, rows: list[int], int8: bool = False) -> torch.Tensor:
+    """Rows of q as the kernel reads token embeddings out of its packed blocks (for tests)."""
+    packed = pack(q, int8)
+    out = torch.empty(len(rows), q.cols)
+    idx = torch.tensor(rows, dtype=torch.int64)
+    load_library().wp_matrix_rows(ctypes.byref(_matrix(q, packed, None, int8)), idx.data_ptr(), len(rows),
+                                  out.data_ptr())
+    return out
+
+
+WEIGHTS_MODES = ("checkpoint", "f32")
+
+
+class NativeForward:
+    """The forward pass of one model over one KV cache, in native code, on weights of its own."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], quantized: dict[str, QuantizedMatrix],
+                 kv_cache: torch.Tensor, block_size: int, weights_mode: str = "checkpoint",
+                 activations: str = "fp32"):
+        """weights: the checkpoint's HF-named tensors, any float dtype (Checkpoint.weights); quantized: its
+        Q4_1 / Q8_0 blocks (Checkpoint.quantized). The kernel keeps what it reads (packed matrices, fp32 norms,
+        biases and RoPE table): nothing points into a torch model, which may be of any dtype or absent.
+        weights_mode: "checkpoint" reads the checkpoint's own quantized blocks where it has them and the fp32
         weights elsewhere (both are the values the torch model computes with); "f32" reads fp32 everywhere.
         activations: "fp32" (exact, the torch model's products up to summation order) or "int8" (the checkpoint's
         Q4_1 / Q8_0 products on int8-quantized activations, cpu/matmul.h "Int8 activations": faster, less precise;
-        a model with neither, e.g. an fp32 HF directory, stays "fp32")."""
-        cfg = model.cfg
-        if model.embed.dtype != torch.float32 or kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
-            raise NativeKernelError("the native kernel needs a float32 model and KV cache on the CPU")
+        a model with neither, e.g. an fp32 HF directory, stays "fp32").
+        kv_cache: [layers, 2, blocks, block_size, kv_heads, head_dim] of float32, bfloat16 or float16 on the CPU;
+        K/V are written rounded to its dtype as torch's .to() rounds."""
+        cfg = config
+        if weights_mode not in WEIGHTS_MODES:
+            raise ValueError(f"weights_mode must be one of {WEIGHTS_MODES}, got {weights_mode!r}")
+        if kv_cache.dtype not in KV_TYPES or kv_cache.device.type != "cpu":
+            raise NativeKernelError(f"the native kernel needs a float32, bfloat16 or float16 KV cache on the CPU; "
+                                    f"got {kv_cache.dtype} on {kv_cache.device}")
+        shape = (cfg.num_layers, 2, kv_cache.shape[2], block_size, cfg.num_kv_heads, cfg.head_dim)
+        if tuple(kv_cache.shape) != shape or not kv_cache.is_contiguous():
+            raise NativeKernelError(f"KV cache of shape {tuple(kv_cache.shape)}, expected a contiguous {shape}")
         if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             raise NativeKernelError("unsupported attention shape for the native kernel")
         self.lib = load_library()
         self.kv_cache = kv_cache
-        self._keep: list = []  # every tensor the C structs point into
+        self._keep: list[torch.Tensor] = []  # every tensor the C structs point into: what the kernel holds
         kinds: set[str] = set()
         uses_int8: list[bool] = []
 
-        def pick(names: list[str], fused: torch.Tensor, bias: torch.Tensor | None = None) -> Matrix:
+        def own(t: torch.Tensor, copy: bool = True) -> torch.Tensor:  # an fp32 copy (or, copy=False, a view)
+            t = t.detach().to(device="cpu", dtype=torch.float32, copy=copy).contiguous()
+            self._keep.append(t)
+            return t
+
+        def pick(names: list[str], bias_names: list[str] | None = None) -> Matrix:
             parts = [quantized.get(n) for n in names]
-            q = concat_rows(parts) if weights == "checkpoint" and all(p is not None for p in parts) else None
-            q = q or QuantizedMatrix("f32", *fused.shape, fused.detach().contiguous())
+            q = concat_rows(parts) if weights_mode == "checkpoint" and all(p is not None for p in parts) else None
+            if q is None:  # fused from the fp32 weights; pack() copies them
+                w = torch.cat([weights[n].detach().float() for n in names])
+                q = QuantizedMatrix("f32", *w.shape, w)
             int8 = int8_activations(q, activations)
             packed = pack(q, int8)
             self._keep.append(packed)
             kinds.add(q.kind)
             uses_int8.append(int8)
+            bias = own(torch.cat([weights[n] for n in bias_names])) if bias_names else None
             return _matrix(q, packed, bias, int8)
 
         layers = (Layer * cfg.num_layers)()
-        for i, layer in enumerate(model.layers):
-            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
             layers[i] = Layer(
-                layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr(),
-                pick([a + f"{x}_proj.weight" for x in "qkv"], layer.qkv_weight, layer.qkv_bias),
-                pick([a + "o_proj.weight"], layer.o_weight),
-                pick([m + "gate_proj.weight", m + "up_proj.weight"], layer.gate_up_weight),
-                pick([m + "down_proj.weight"], layer.down_weight),
+                own(weights[p + "input_layernorm.weight"]).data_ptr(),
+                own(weights[p + "post_attention_layernorm.weight"]).data_ptr(),
+                pick([a + f"{x}_proj.weight" for x in "qkv"],
+                     [a + f"{x}_proj.bias" for x in "qkv"] if cfg.attention_bias else None),
+                pick([a + "o_proj.weight"]),
+                pick([m + "gate_proj.weight", m + "up_proj.weight"]),
+                pick([m + "down_proj.weight"]),
             )
-        head_name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
-        head = model.embed if model.lm_head is None else model.lm_head
-        self._keep += [layers, model]
-        num_blocks = kv_cache.shape[2]
+        embed_name = "model.embed_tokens.weight"
+        head = pick([embed_name if cfg.tie_word_embeddings else "lm_head.weight"])
+        # Token rows come out of packed blocks where there are some (a tied head's; the checkpoint's Q8_0 or Q4_1
+        # table): the loader's fp32 table exactly, at a quarter of its bytes for Q8_0. Else an fp32 table.
+        embed, embed_blocks = None, Matrix()
+        if cfg.tie_word_embeddings:
+            embed_blocks = head
+        elif weights_mode == "checkpoint" and embed_name in quantized:
+            q = quantized[embed_name]
+            packed = pack(q)
+            self._keep.append(packed)
+            embed_blocks = _matrix(q, packed)
+        else:  # the one large tensor not copied: an fp32 table is read where it lies (the torch model's too)
+            embed = own(weights[embed_name], copy=False)
+        rope = own(rope_table(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings), copy=False)
+        norm = own(weights["model.norm.weight"])
+        self._layers = layers
         self.model = Model(
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            cfg.vocab_size, block_size, model.rope.shape[1], num_blocks, cfg.rms_norm_eps, cfg.head_dim**-0.5,
-            model.embed.data_ptr(), model.norm.data_ptr(), model.rope.data_ptr(), layers,
-            pick([head_name], head),
+            cfg.vocab_size, block_size, cfg.max_position_embeddings, kv_cache.shape[2], KV_TYPES[kv_cache.dtype],
+            cfg.rms_norm_eps, cfg.head_dim**-0.5, _ptr(embed), embed_blocks, norm.data_ptr(), rope.data_ptr(),
+            layers, head,
         )
-        packs = [t for t in self._keep if isinstance(t, torch.Tensor) and t.dtype == torch.uint8]
-        self.weight_bytes = sum(t.numel() for t in packs)
+        # Everything resident for the kernel (a tensor shared with an fp32 torch model counts here too).
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in self._keep}.values())
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
         self.activations = "int8" if any(uses_int8) else "fp32"  # what the products actually use
         self.vocab = cfg.vocab_size

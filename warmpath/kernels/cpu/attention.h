@@ -2,23 +2,12 @@
 #pragma once
 
 #include "common.h"
+#include "kv.h"
 
 #define SPLIT 64 /* context tokens per attention task (split-K "flash decoding"): enough tasks for all threads */
 
 #define KV_PREFETCH 6    /* tokens ahead */
 #define ONE_ROW_AHEAD 16 /* tokens ahead, for a decode row */
-
-static inline float dot(const float *a, const float *b, int n) {
-    int i = 0;
-    float s = 0.f;
-#ifdef WP_SIMD
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    s = hsum(acc);
-#endif
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 
 /* v[i] = exp(v[i] - mx) for i < n; returns their sum. */
 static float exp_shifted(float *v, int n, float mx) {
@@ -37,35 +26,35 @@ static float exp_shifted(float *v, int n, float mx) {
     return sum;
 }
 
-/* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache:
-   each K/V row once for the G heads. s holds G x SPLIT scores. Same output as attend_span. Prefetches
-   floats pf0..pf1 of each token's K and V rows (relative to this head's): the first KV head of a task fetches
-   whole rows, the others find them in cache. */
-static void attend_one_row(const float *q, const float *kc, const float *vc, const int32_t *table, int bs, int64_t tok,
-                           int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part, int64_t pf0,
-                           int64_t pf1) {
-    const int n = (int)(t1 - t0);
-    const float *rows[SPLIT]; /* where each token's K (and, at the same offset, V) row lies */
-    for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
+/* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache (KV
+   type KVT; kc, vc: this KV head's first element, tok elements from one token to the next): each K/V row once
+   for the G heads. s holds G x SPLIT scores. Prefetches bytes pf0..pf1 of each token's K and V rows (relative
+   to this head's): the first KV head of a task fetches whole rows, the others find them in cache. */
+AI void one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs, int64_t tok, int G,
+                int hd, float scale, int64_t t0, int64_t t1, float *s, float *part, int64_t pf0, int64_t pf1,
+                const int KVT) {
+    const int n = (int)(t1 - t0), ES = KVT == WP_KV_F32 ? 4 : 2;
+    const uint8_t *rows[SPLIT]; /* where each token's K (and, at the same offset, V) row lies */
+    for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok * ES;
     const int64_t v_off = vc - kc;
     /* K/V rows are scattered over blocks and a decode step's whole cache is read once from memory: fetch
        ONE_ROW_AHEAD tokens ahead of use (the first ones now). */
     for (int u = 0; u < n && u < ONE_ROW_AHEAD; u++)
-        for (int64_t o = pf0; o < pf1; o += 16)
+        for (int64_t o = pf0; o < pf1; o += 64)
             __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
     int t = 0;
 #ifdef WP_SIMD
     if (hd % 8 == 0)
         for (; t + 8 <= n; t += 8) { /* 8 tokens at a time: 8 independent chains, reduced to 8 scores at once */
             for (int u = t + ONE_ROW_AHEAD; u < t + 8 + ONE_ROW_AHEAD && u < n; u++)
-                for (int64_t o = pf0; o < pf1; o += 16)
+                for (int64_t o = pf0; o < pf1; o += 64)
                     __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
             for (int j = 0; j < G; j++) {
                 __m256 acc[8];
                 for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
                 for (int d = 0; d < hd; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(q + j * hd + d);
-                    for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[t + u] + d), acc[u]);
+                    for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, kv8(rows[t + u] + d * ES, KVT), acc[u]);
                 }
                 const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
                 const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -76,7 +65,7 @@ static void attend_one_row(const float *q, const float *kc, const float *vc, con
         }
 #endif
     for (; t < n; t++)
-        for (int j = 0; j < G; j++) s[j * SPLIT + t] = dot(q + j * hd, rows[t], hd) * scale;
+        for (int j = 0; j < G; j++) s[j * SPLIT + t] = dot_kv(q + j * hd, rows[t], hd, KVT) * scale;
     for (int j = 0; j < G; j++) {
         float *sj = s + j * SPLIT, *pj = part + j * (hd + 2), *o = pj + 2, mx = -INFINITY;
         for (int u = 0; u < n; u++) mx = sj[u] > mx ? sj[u] : mx;
@@ -88,23 +77,32 @@ static void attend_one_row(const float *q, const float *kc, const float *vc, con
             __m256 acc[8];
             for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
             for (int u = 0; u < n; u++) {
-                const float *v = rows[u] + v_off + d0;
+                const uint8_t *v = rows[u] + v_off + d0 * ES;
                 const __m256 p = _mm256_set1_ps(sj[u]);
-                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, kv8(v + 8 * c * ES, KVT), acc[c]);
             }
             for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
         }
         for (; d0 + 8 <= hd; d0 += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (int u = 0; u < n; u++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(sj[u]), _mm256_loadu_ps(rows[u] + v_off + d0), acc);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(sj[u]), kv8(rows[u] + v_off + d0 * ES, KVT), acc);
             _mm256_storeu_ps(o + d0, acc);
         }
 #endif
         for (int d = d0; d < hd; d++) o[d] = 0.f;
         for (int u = 0; u < n && d0 < hd; u++)
-            for (int d = d0; d < hd; d++) o[d] += sj[u] * rows[u][v_off + d];
+            for (int d = d0; d < hd; d++) o[d] += sj[u] * kv_at(rows[u] + v_off, d, KVT);
     }
+}
+
+/* one_row for the cache's KV type: one specialised copy per type. */
+static void attend_one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs,
+                           int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part,
+                           int64_t pf0, int64_t pf1, int kvt) {
+    if (kvt == WP_KV_BF16) one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_BF16);
+    else if (kvt == WP_KV_F16) one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F16);
+    else one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F32);
 }
 
 #ifdef WP_SIMD
@@ -169,29 +167,38 @@ AI void span_queries(const float *q, int hd, const float *Kt, const float *Vs, i
     }
 }
 
-/* One task: the queries of one sequence's new rows (nrows x G heads of KV head g) over context tokens
-   t0..t1. K is transposed into Kt [hd][SPLIT] and V copied into Vs [SPLIT][hd] once, then every query
-   reuses them from L1/L2. Row i (position p0 + i) sees tokens t <= p0 + i. Writes per query: [max score, sum
-   of exp, unnormalized output (hd values)]. */
-static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, const float *kc, const float *vc,
-                        const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1,
-                        float *Kt, float *Vs, float *s, float *part) {
-    const int n = (int)(t1 - t0);
+/* K of a span transposed into Kt [hd][SPLIT] (zero-padded) and V copied into Vs [SPLIT][hd], as floats. */
+AI void stage_span(const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0,
+                   int n, float *Kt, float *Vs, const int KVT) {
+    const int ES = KVT == WP_KV_F32 ? 4 : 2;
     for (int t = 0; t < n; t++) {
         const int64_t slot = (int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs;
-        const float *k = kc + slot * tok, *v = vc + slot * tok;
+        const uint8_t *k = kc + slot * tok * ES, *v = vc + slot * tok * ES;
         if (t + KV_PREFETCH < n) {
             const int64_t ahead = (int64_t)table[(t0 + t + KV_PREFETCH) / bs] * bs + (t0 + t + KV_PREFETCH) % bs;
-            for (int o = 0; o < hd; o += 16) {
-                __builtin_prefetch(kc + ahead * tok + o);
-                __builtin_prefetch(vc + ahead * tok + o);
+            for (int o = 0; o < hd * ES; o += 64) {
+                __builtin_prefetch(kc + ahead * tok * ES + o);
+                __builtin_prefetch(vc + ahead * tok * ES + o);
             }
         }
-        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = k[d];
-        memcpy(Vs + t * hd, v, hd * sizeof(float));
+        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = kv_at(k, d, KVT);
+        kv_row(Vs + t * hd, v, hd, KVT);
     }
     for (int d = 0; d < hd; d++)
         for (int t = n; t < SPLIT; t++) Kt[d * SPLIT + t] = 0.f;
+}
+
+/* One task: the queries of one sequence's new rows (nrows x G heads of KV head g) over context tokens
+   t0..t1. K/V are staged as floats (stage_span) once, then every query reuses them from L1/L2. Row i
+   (position p0 + i) sees tokens t <= p0 + i. Writes per query: [max score, sum of exp, unnormalized output
+   (hd values)]. */
+static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, const uint8_t *kc, const uint8_t *vc,
+                        const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1,
+                        float *Kt, float *Vs, float *s, float *part, int kvt) {
+    const int n = (int)(t1 - t0);
+    if (kvt == WP_KV_BF16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_BF16);
+    else if (kvt == WP_KV_F16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_F16);
+    else stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_F32);
     for (int i = 0; i < nrows; i++) {
         const int nv = (int)((p0 + i + 1 < t1 ? p0 + i + 1 : t1) - t0); /* causal: keys this row may see */
         for (int j = 0; j < G; j += 2) { /* two heads of the row at a time: each K/V load feeds two FMAs */
@@ -253,12 +260,12 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
    sequence's context (the tasks of plan P), then merges each row's spans with the usual max/sum rescaling.
    Rows of sequence s are seq_rows[s]..seq_rows[s+1], at positions start[s]... */
 static void attention(const wp_model *M, int layer, int S, const int32_t *seq_rows, const int64_t *start,
-                      const int32_t *tables, int width, const float *qkv, float *kv, float *out, int nthreads,
+                      const int32_t *tables, int width, const float *qkv, uint8_t *kv, float *out, int nthreads,
                       const attn_plan *P) {
-    const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size;
-    const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd;
-    const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok;
-    float *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
+    const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size, kvt = M->kv_type;
+    const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd, ES = kvt == WP_KV_F32 ? 4 : 2;
+    const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok * ES; /* bytes */
+    uint8_t *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
     const int *first = P->first;
     const int64_t *poff = P->poff;
     float *parts = P->parts;
@@ -266,8 +273,8 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
         for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
             const int64_t p = start[sq] + (r - seq_rows[sq]);
             const int64_t slot = (int64_t)tables[(int64_t)sq * width + p / bs] * bs + p % bs;
-            memcpy(kc + slot * tok, qkv + (int64_t)r * qkv_w + H * hd, tok * sizeof(float));
-            memcpy(vc + slot * tok, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok * sizeof(float));
+            store_kv(kc + slot * tok * ES, qkv + (int64_t)r * qkv_w + H * hd, tok, kvt);
+            store_kv(vc + slot * tok * ES, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok, kvt);
         }
     const int tasks = first[S];
 #pragma omp parallel num_threads(nthreads)
@@ -290,13 +297,13 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
             const int32_t *table = tables + (int64_t)sq * width;
             if (nrows == 1) { /* decode: too few queries to pay for staging K/V; read them in place, whole rows */
                 for (int g = 0; g < KVH; g++)
-                    attend_one_row(q + g * G * hd, kc + g * hd, vc + g * hd, table, bs, tok, G, hd, M->scale, t0, t1, w,
-                                   parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok);
+                    attend_one_row(q + g * G * hd, kc + g * hd * ES, vc + g * hd * ES, table, bs, tok, G, hd, M->scale,
+                                   t0, t1, w, parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok * ES, kvt);
             } else {
                 const int g = (int)(idx / nspan);
-                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd, vc + g * hd, table, bs, tok, G, hd,
-                            M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
-                            parts + poff[sq] + idx * stride);
+                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd * ES, vc + g * hd * ES, table, bs, tok,
+                            G, hd, M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
+                            parts + poff[sq] + idx * stride, kvt);
             }
         }
         /* The merge, a row per iteration (a prompt chunk has hundreds). */

@@ -18,6 +18,10 @@
 enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };
 #define WP_ACT_INT8 1
 
+/* KV cache element types (native.py KV_TYPES): the cache is read and written in its own dtype, the one the torch
+   path shares it in. */
+enum { WP_KV_F32 = 0, WP_KV_BF16 = 1, WP_KV_F16 = 2 };
+
 /* The model as native.py hands it over (its ctypes structs Matrix, Layer, Model mirror these). */
 typedef struct {
     int32_t type, rows, cols, act; /* act: WP_ACT_INT8 for int8 activations (Q4_1, Q8_0), else 0 */
@@ -32,10 +36,11 @@ typedef struct {
 
 typedef struct {
     int32_t num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim, vocab, block_size, max_positions,
-        num_kv_blocks;
+        num_kv_blocks, kv_type;
     float eps, scale;
-    const float *embed; /* [vocab][hidden] */
-    const float *norm;  /* [hidden] */
+    const float *embed;     /* [vocab][hidden], or NULL: token rows are read out of embed_blocks */
+    wp_matrix embed_blocks; /* the table as packed weights (the tied head's, or the checkpoint's Q8_0 blocks) */
+    const float *norm;      /* [hidden] */
     const float *rope;
     const wp_layer *layers;
     wp_matrix head;

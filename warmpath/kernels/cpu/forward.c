@@ -14,12 +14,14 @@
 
    Layouts (all row-major, C-contiguous, built by warmpath/kernels/native.py):
      weights:  packed in groups of 8 rows, see "Packed weights" in matmul.h
-     KV cache: float[num_layers][2][num_blocks][block_size][num_kv_heads][head_dim]
+     KV cache: [num_layers][2][num_blocks][block_size][num_kv_heads][head_dim] of float, bf16 or fp16
+               (kv_type; kv.h converts on the way in and out)
      rope:     float[2][max_positions][head_dim] (cos, sin), rotate-half layout
 
    This file is the one translation unit (the forward glue and the exported wp_forward / wp_matmul); the parts
    are headers of static functions it includes once, so the compiler sees them whole and inlines across them:
-   common.h (structs, helpers), matmul.h (products; tiles.h, panels.h, portable.h), attention.h. */
+   common.h (structs, helpers), matmul.h (products; tiles.h, panels.h, portable.h), attention.h (and kv.h, the
+   cache's element types). */
 
 #include "common.h"
 #include "matmul.h"
@@ -73,10 +75,10 @@ static void silu_mul(const float *gu, int R, int I, float *act, int nthreads) {
    tokens[seq_rows[s]..seq_rows[s+1]) at positions start[s]..., and block table tables[s] (width entries).
    Each layer's K/V for the new tokens is written into kv. logits [S][vocab] are for each sequence's last
    new token. Decodes (one token each), chunks over a cached context (a warm prefix + the few new tokens of an
-   edit) and prompts: which sequences come here is native.py's choice (NativeDecoder.takes). Returns 0, -1 out
-   of memory, -2 bad shape. */
+   edit) and prompts: which sequences come here is the runner's choice (route()). Returns 0, -1 out of memory,
+   -2 bad shape. */
 int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *tokens, const int64_t *start,
-               const int32_t *tables, int width, float *kv, float *logits, int nthreads) {
+               const int32_t *tables, int width, void *kv, float *logits, int nthreads) {
     const int Hd = M->hidden, I = M->intermediate, hd = M->head_dim, H = M->num_heads, KVH = M->num_kv_heads;
     const int qkv_w = (H + 2 * KVH) * hd, R = seq_rows[S];
     if (H % KVH || hd % 2) return -2;
@@ -86,7 +88,10 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
     float *x = buf, *h = x + (int64_t)R * Hd, *qkv = h + (int64_t)R * Hd, *att = qkv + (int64_t)R * qkv_w;
     float *gu = att + (int64_t)R * H * hd, *act = gu + (int64_t)R * 2 * I, *last = act + (int64_t)R * I;
 
-    for (int r = 0; r < R; r++) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
+    for (int r = 0; r < R; r++) {
+        if (M->embed) memcpy(x + (int64_t)r * Hd, M->embed + tokens[r] * Hd, Hd * sizeof(float));
+        else matrix_row(&M->embed_blocks, tokens[r], x + (int64_t)r * Hd);
+    }
     const float *cos_t = M->rope, *sin_t = M->rope + (int64_t)M->max_positions * hd;
     attn_plan plan;
     if (plan_attention(M, S, seq_rows, start, nthreads, &plan)) {
@@ -105,7 +110,7 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
             for (int j = 0; j < H + KVH; j++)
                 rope(qkv + (int64_t)r * qkv_w + j * hd, cos_t + p * hd, sin_t + p * hd, hd);
         }
-        attention(M, l, S, seq_rows, start, tables, width, qkv, kv, att, nthreads, &plan);
+        attention(M, l, S, seq_rows, start, tables, width, qkv, (uint8_t *)kv, att, nthreads, &plan);
         if ((rc = matmul(&L->o, att, R, h, nthreads))) break;
         add_rows(x, h, R, Hd, nthreads);
         rms_norm(x, L->post_attention_norm, M->eps, R, Hd, h, nthreads);
@@ -128,4 +133,12 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
 /* y[D][rows] = x[D][cols] @ W.T alone (tests and benchmarks of the matrix kernels). */
 int wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
     return matmul(W, x, D, y, nthreads);
+}
+
+/* n floats -> KV elements of type kvt, as the forward pass writes them (tests of the rounding). */
+void wp_store_kv(void *dst, const float *src, int64_t n, int kvt) { store_kv((uint8_t *)dst, src, n, kvt); }
+
+/* Rows rows[0..n) of a packed matrix as floats, as the forward pass reads token embeddings (tests). */
+void wp_matrix_rows(const wp_matrix *W, const int64_t *rows, int n, float *out) {
+    for (int i = 0; i < n; i++) matrix_row(W, rows[i], out + (int64_t)i * W->cols);
 }

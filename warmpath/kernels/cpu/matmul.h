@@ -55,6 +55,32 @@ static void block_sums(const float *x, int D, int64_t K, float *xs) {
         }
 }
 
+/* Row r of a packed matrix (any kind, either quant order) as floats: the values the products multiply by, the
+   loader's dequantized weights exactly (d * q, + m for Q4_1: the same two roundings). Token embeddings are read
+   out of the table's blocks this way. */
+static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
+    const int64_t nb = W->cols / 32, bb = block_bytes(W->type), j = r % 8, i8 = W->act == WP_ACT_INT8;
+    const uint8_t *grp = W->data + r / 8 * nb * bb;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = grp + b * bb;
+        float *o = out + b * 32;
+        if (W->type == WP_F32) {
+            for (int k = 0; k < 32; k++) memcpy(o + k, blk + 4 * (8 * k + j), 4);
+        } else if (W->type == WP_Q8_0) {
+            const float d = load_half(blk + 2 * j);
+            for (int k = 0; k < 32; k++)
+                o[k] = d * (float)(int8_t)blk[16 + (i8 ? 32 * (k / 4) + 4 * j + k % 4 : 8 * k + j)];
+        } else {
+            const float d = load_half(blk + 2 * j), m = load_half(blk + 16 + 2 * j);
+            for (int k = 0; k < 32; k++) {
+                const int byte = blk[32 + (i8 ? 32 * (k / 8) + 4 * j + k % 4 : 8 * (k / 2) + j)];
+                const int q = (i8 ? k % 8 < 4 : k % 2 == 0) ? byte & 15 : byte >> 4;
+                o[k] = d * (float)q + m;
+            }
+        }
+    }
+}
+
 /* The kernels: headers that are part of this one and use the layout and macros above. */
 #ifdef WP_SIMD
 #include "tiles.h"
