@@ -179,15 +179,18 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
         assert not torch.equal(alone, ref) and (alone - ref).abs().max() < 0.05 * ref.abs().max()
 
 
-@pytest.mark.parametrize("activations", ["fp32", "int8"])
-def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, tmp_path, activations):
+@pytest.mark.parametrize(("activations", "kv_dtype"), [("fp32", "float32"), ("int8", "float32"),
+                                                       ("fp32", "bfloat16")])
+def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, tmp_path, activations, kv_dtype):
     """Prompts admitted while others decode: steps carry prompt chunks over long contexts (torch with fp32
     activations, the kernel with int8: a GGUF with Q4_1 / Q8_0 blocks) beside short prompts' chunks and decodes
-    (native). Every request gets the tokens it gets alone, and the pool is whole afterwards."""
+    (native), over one cache (bf16: both paths write it rounded). Every request gets the tokens it gets alone,
+    and the pool is whole afterwards."""
     model = tiny_long_dir if activations == "fp32" else write_tiny_gguf(tmp_path / "long.gguf",
                                                                         max_position_embeddings=8192)[0]
     llm = LLM(str(model), dtype="float32", kernel="native", max_num_batched_tokens=48,
-              num_kv_blocks=400, kernel_activations=activations)
+              num_kv_blocks=400, kernel_activations=activations, kv_cache_dtype=kv_dtype)
+    assert llm.engine.runner.native.kv_cache.dtype == getattr(torch, kv_dtype)
     kernel = llm.engine.runner.native
     assert kernel.activations == activations
     assert runs_natively(llm, 48, NATIVE_CONTEXT) == (activations == "int8")
