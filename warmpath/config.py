@@ -85,8 +85,20 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
-    max_body_bytes: int = 4 << 20  # larger request bodies get 413
+    api_keys_file: str | None = None  # more accepted keys, one per line (# comments): one per tenant
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
     served_model_name: str | None = None  # default: the engine's model spec
+    # Prefix-cache isolation (README, "Security"): "key" mixes a hash of the request's API key into its cache
+    # salt, so clients with different keys never share KV blocks nor see each other's hits; "none" shares the
+    # cache across keys (a request's own `cache_salt` still keeps it apart).
+    cache_isolation: str = "none"
+    # Connection limits (warmpath/api/serving.py runs uvicorn with them): a client that holds a connection
+    # without finishing its request is cut off, and no client can hold an unbounded number of them.
+    header_timeout: float = 10.0  # seconds to send a request's headers (from connect, or after the last answer)
+    body_timeout: float = 30.0  # seconds to send a request's whole body; past it 408
+    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between two requests
+    max_connections: int = 1024  # connections past this are answered 503 and closed
+    max_header_bytes: int = 64 << 10  # request line and headers; larger: 431
 
 
 @dataclass
@@ -113,6 +125,18 @@ class RouterConfig:
     upstream_api_key: str | None = None  # sent to the nodes; default: the client's Authorization header
     max_body_bytes: int = 4 << 20
     served_model_name: str | None = None  # default: the nodes' model
+    # A node that stops answering (hung, frozen, cut off without a reset) or leaves the ring: while nothing has
+    # reached the client the request fails over; a stream already started ends with the error event.
+    first_byte_timeout: float = 60.0  # seconds from sending a streamed request to the node's first event
+    response_timeout: float = 600.0  # seconds for a whole (non-streamed) answer, which comes all at once
+    idle_timeout: float = 60.0  # seconds between two events of a stream
+    # Connection limits (warmpath/api/serving.py runs uvicorn with them): a client that holds a connection
+    # without finishing its request is cut off, and no client can hold an unbounded number of them.
+    header_timeout: float = 10.0  # seconds to send a request's headers (from connect, or after the last answer)
+    body_timeout: float = 30.0  # seconds to send a request's whole body; past it 408
+    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between two requests
+    max_connections: int = 1024  # connections past this are answered 503 and closed
+    max_header_bytes: int = 64 << 10  # request line and headers; larger: 431
 
 
 @dataclass

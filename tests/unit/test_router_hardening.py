@@ -2,12 +2,17 @@
 body limit on bytes received, bad text and header bytes, hung nodes (first-byte and idle bounds, a node that
 leaves the ring), and error shapes."""
 
+import concurrent.futures
 import contextlib
 import json
+import os
+import signal
+import time
 
 import httpx
 import pytest
-from server_harness import CODE, running_app, running_server, total
+from server_harness import CODE, counter, running_app, running_server, serve_process, total
+from test_router import complete, session_homed_on
 from test_server_hardening import chunked_upload, raw_request
 
 from warmpath.config import RouterConfig, ServerConfig
@@ -90,3 +95,54 @@ def test_unencodable_text_is_the_nodes_400_and_never_a_failover(fleet2):
                                headers={"Content-Type": "application/json"}, timeout=60)
                 assert r.status_code == 400 and "error" in r.json(), r.text
         assert total(rurl, "warmpath_router_failovers_total") == 0
+
+
+def _in_flight(rurl: str, node: str) -> int:
+    return next(n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"] if n["url"] == node)
+
+
+def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(tiny_long_dir, fleet2):
+    """A node stopped with SIGSTOP accepts connections (the kernel does) and answers nothing, forever."""
+    with serve_process("--model", str(tiny_long_dir), "--dtype", "float32", "--num-kv-blocks", "512",
+                       "--num-threads", "1") as (node, proc):
+        urls = [node, *fleet2]
+        dev = session_homed_on(node, urls)
+        try:
+            # health checks out of the way: the bounds alone
+            with router(urls, policy="session", health_interval=3600, first_byte_timeout=1.0,
+                        idle_timeout=1.0) as (rurl, _):
+                body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
+                with httpx.stream("POST", f"{rurl}/v1/completions", json=body, headers={"X-Session-Id": dev},
+                                  timeout=60) as r:
+                    assert r.headers["x-warmpath-node"] == node
+                    events = []
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+                            if len(events) == 2:
+                                os.kill(proc.pid, signal.SIGSTOP)
+                                frozen = time.monotonic()
+                assert time.monotonic() - frozen < 5  # ended by the idle bound, not by the thaw
+                assert "[DONE]" not in events and json.loads(events[-1])["error"]["code"] == "upstream_failed"
+                # nothing sent yet: past the first-byte bound the request fails over, for the client unseen
+                t = time.monotonic()
+                r = complete(rurl, CODE, dev, stream=True)
+                assert r.status_code == 200 and r.headers["x-warmpath-node"] != node and "error" not in r.text
+                assert time.monotonic() - t < 5
+                assert counter(rurl, "warmpath_router_failovers_total", f'node="{node}"') == 1
+            os.kill(proc.pid, signal.SIGCONT)
+            # health checks on, the bounds out of the way: the node leaves the ring, its requests fail over
+            with router(urls, policy="session", health_interval=0.3, health_failures=2) as (rurl, _):
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    pending = pool.submit(complete, rurl, CODE * 20, dev, max_tokens=3000)
+                    deadline = time.monotonic() + 30
+                    while _in_flight(rurl, node) == 0 and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    t = time.monotonic()
+                    r = pending.result(timeout=60)
+                assert r.status_code == 200 and r.headers["x-warmpath-node"] != node, r.text
+                assert time.monotonic() - t < 10
+                assert _in_flight(rurl, node) == 0
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)

@@ -3,7 +3,9 @@ prefix-cache counters.
 
 A node is *available* for new requests when it is healthy and not draining. It turns unhealthy after
 `health_failures` failed `/health` checks in a row, or at once when it refuses a connection; it becomes
-healthy again at the first check that passes. Draining stops new requests while its streams finish.
+healthy again at the first check that passes. Draining stops new requests while its streams finish. A node
+that turns unhealthy ends its requests in flight: those that sent nothing to the client yet fail over, the
+streams already started end with the error event.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Node:
     models: list[str] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)  # last scraped value
     counter_base: dict[str, float] = field(default_factory=dict)  # sums of values before resets
+    watches: set = field(default_factory=set)  # the attempts waiting on it (router/watch.py)
 
     @property
     def available(self) -> bool:
@@ -112,6 +115,8 @@ class NodeSet:
         if node.healthy:
             log.warning("node %s leaves the ring: %s", node.url, why)
             node.healthy = False
+            for watch in list(node.watches):  # its requests in flight fail over, or end their stream
+                watch.node_left()
             if self.on_unhealthy:
                 self.on_unhealthy(node)
 

@@ -3,16 +3,17 @@ nodes with the tier's policy, and send the request to a node, relaying its answe
 
 A node that fails before the first byte reaches the client gets one failover to the next candidate while the
 deadline allows; one that fails mid-stream ends the stream with an error event (never a clean [DONE], never a
-replay). Past X-Deadline-Ms the router answers silence itself and closes the upstream stream; the node is told
-the remaining budget. Bad input is the node's to judge, so errors have exactly the node's shape (a node's 4xx is
-relayed as it is, never failed over: it is the request's fault, not the node's); the router itself only refuses
-a bad X-Deadline-Ms, before the cache is consulted. A client that goes away closes the upstream stream (the
-node aborts).
+replay). A node that sends nothing counts as failed: past `first_byte_timeout` (a stream's first event) or
+`response_timeout` (a whole answer), past `idle_timeout` between two events, or at once when it leaves the
+ring (router/watch.py). Past X-Deadline-Ms the router answers silence itself and closes the upstream stream;
+the node is told the remaining budget. Bad input is the node's to judge, so errors have exactly the node's
+shape (a node's 4xx is relayed as it is, never failed over: it is the request's fault, not the node's); the
+router itself only refuses a bad X-Deadline-Ms, before the cache is consulted. A client that goes away closes
+the upstream stream (the node aborts).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.sessions import SessionLog
 from warmpath.router.tiering import LINE, completion_kind
+from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the chosen node, then one failover
@@ -195,77 +197,74 @@ class Proxy:
         return h
 
     async def send(self, request: Request, node: Node, payload: bytes, routed: Routed) -> Response:
-        """One attempt on one node. Raises _Failed while nothing has reached the client yet."""
+        """One attempt on one node. Raises _Failed while nothing has reached the client yet: the node refused,
+        failed, answered 5xx, sent nothing within its bound (first event of a stream, or a whole answer) or
+        left the ring."""
         node.in_flight += 1
         self.metrics.requests.labels(node.url).inc()
-        deadline = routed.deadline
+        deadline, watch = routed.deadline, Watch(node)
+        first = time.monotonic() + (self.config.first_byte_timeout if routed.stream else self.config.response_timeout)
         resp: httpx.Response | None = None
-        handed_over = False  # the relay generator owns resp and in_flight from here
+        handed_over = False  # the relay generator owns resp, the watch and in_flight from here
         try:
             req = self.http.build_request("POST", node.url + routed.path, content=payload,
                                           headers=self.forward_headers(request, routed))
             try:
-                async with asyncio.timeout_at(deadline):
+                async with watch.until(deadline, first, "the answer"):
                     resp = await unless_disconnected(request, self.http.send(req, stream=True))
-            except ClientGone:
-                return Response(status_code=499)
             except httpx.ConnectError as e:
                 self.nodes.mark_down(node, f"refused a connection: {e}")
-                raise _Failed(repr(e)) from None
-            except httpx.HTTPError as e:
                 raise _Failed(repr(e)) from None
             if resp.status_code >= 500:
                 raise _Failed(f"HTTP {resp.status_code}")
             media = resp.headers.get("content-type", "application/json")
             headers = {"X-Warmpath-Node": node.url}
             if resp.status_code != 200:  # bad input, auth, unknown model: the node's answer, as it gave it
-                body = await _read_all(resp, deadline)
+                async with watch.until(deadline, first, "the answer"):
+                    body = await resp.aread()
                 return Response(body, status_code=resp.status_code, media_type=media, headers=headers)
             if routed.stream and media.startswith("text/event-stream"):
                 events = wire.sse_events(resp.aiter_raw())
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        first = await unless_disconnected(request, anext(events))
-                except ClientGone:  # a newer keystroke: closing the upstream stream (below) aborts it on the node
-                    return Response(status_code=499)
-                except (httpx.HTTPError, StopAsyncIteration) as e:
-                    raise _Failed(repr(e)) from None
-                stream = self.relay(first, events, resp, node, routed)
+                async with watch.until(deadline, first, "the first event"):
+                    head = await unless_disconnected(request, anext(events))
+                stream = self.relay(head, events, resp, watch, routed)
                 handed_over = True
                 # Started here, so its cleanup (in-flight count, upstream close) runs even if the client is gone
                 # before the response starts iterating: a started async generator is closed when collected.
                 head = await anext(stream)
                 return StreamingResponse(_prepend(head, stream), media_type=media,
                                          headers={**headers, **wire.SSE_HEADERS})
-            try:
-                body = await unless_disconnected(request, _read_all(resp, deadline))
-            except ClientGone:  # closing the upstream connection (below) aborts the request
-                return Response(status_code=499)
+            async with watch.until(deadline, first, "the answer"):
+                body = await unless_disconnected(request, resp.aread())
             if routed.key is not None and complete_answer(body, streamed=False):
                 self.cache.put(routed.key, body, media)
             return Response(body, media_type=media, headers=headers)
+        except ClientGone:  # a newer keystroke: closing the upstream stream (below) aborts it on the node
+            return Response(status_code=499)
         except TimeoutError:  # past the deadline before the answer: silence, the upstream is closed below
             self.metrics.degraded.labels("deadline").inc()
             if routed.stream:
                 return StreamingResponse(iter([wire.silence_sse(routed.kind, routed.model)]),
                                          media_type="text/event-stream", headers={"X-Warmpath-Node": node.url})
             return JSONResponse(wire.silence(routed.kind, routed.model), headers={"X-Warmpath-Node": node.url})
-        except httpx.HTTPError as e:  # lost while reading a non-streamed body: nothing was sent yet
-            raise _Failed(repr(e)) from None
+        except (httpx.HTTPError, StopAsyncIteration, Stalled) as e:  # nothing was sent to the client yet
+            raise _Failed(str(e) if isinstance(e, Stalled) else repr(e)) from None
         finally:
             if not handed_over:
                 node.in_flight -= 1
+                watch.close()
                 if resp is not None:
                     await resp.aclose()
 
-    async def relay(self, first: bytes, events: AsyncIterator[bytes], resp: httpx.Response, node: Node,
+    async def relay(self, first: bytes, events: AsyncIterator[bytes], resp: httpx.Response, watch: Watch,
                     routed: Routed) -> AsyncIterator[bytes]:
-        kept = bytearray(first) if routed.key is not None else None
+        node, kept = watch.node, bytearray(first) if routed.key is not None else None
         try:
             yield first
             while True:
                 try:
-                    async with asyncio.timeout_at(routed.deadline):
+                    async with watch.until(routed.deadline, time.monotonic() + self.config.idle_timeout,
+                                           "the next event"):
                         event = await anext(events)
                 except StopAsyncIteration:
                     break
@@ -273,8 +272,8 @@ class Proxy:
                     self.metrics.degraded.labels("deadline").inc()
                     yield wire.silence_sse(routed.kind, routed.model).encode()
                     return
-                except httpx.HTTPError as e:
-                    log.warning("node %s failed mid-stream: %r", node.url, e)
+                except (httpx.HTTPError, Stalled) as e:
+                    log.warning("node %s failed mid-stream: %s", node.url, e if isinstance(e, Stalled) else repr(e))
                     self.metrics.degraded.labels("mid_stream_failure").inc()
                     yield wire.sse_error("the node serving this stream failed; the answer is incomplete",
                                          "upstream_failed").encode()
@@ -286,6 +285,7 @@ class Proxy:
                 self.cache.put(routed.key, bytes(kept), "text/event-stream")
         finally:  # also on client disconnect (the generator is closed): the node sees its stream closed
             node.in_flight -= 1
+            watch.close()
             await resp.aclose()
 
 
@@ -296,8 +296,3 @@ async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[byt
             yield chunk
     finally:
         await rest.aclose()
-
-
-async def _read_all(resp: httpx.Response, deadline: float | None) -> bytes:
-    async with asyncio.timeout_at(deadline):
-        return await resp.aread()
