@@ -1,4 +1,4 @@
-"""warmpath command line: fetch-model, serve, route, bench, simulate, complete."""
+"""warmpath command line: fetch-model, serve, plan, route, bench, simulate, complete."""
 
 from __future__ import annotations
 
@@ -57,13 +57,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     m = engine.model_config
     native = engine.runner.native
     kernel = f"native, {native.activations} activations" if native else "torch"
+    if engine.plan is not None:
+        kernel = (f"plan {' + '.join(engine.plan.backends)} "
+                  f"({'deterministic' if engine.plan.deterministic else 'nondeterministic'}; `warmpath plan`)")
     print(f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} layers, "
           f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
           f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
-          f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens, kernel: {kernel}", flush=True)
+          f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens "
+          f"({str(engine.kv_dtype).removeprefix('torch.')}), kernel: {kernel}", flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level.lower(), access_log=False)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The plan for this machine and model: ms per candidate backend per step shape, and the choice."""
+    import torch
+
+    from warmpath.engine.engine import native_available
+    from warmpath.engine.plan_timing import load_or_measure
+    from warmpath.models.loader import load_checkpoint
+
+    threads = args.num_threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    ckpt = load_checkpoint(args.model, torch.float32)
+    plan, how = load_or_measure(ckpt, threads, native_available(), args.allow_nondeterministic, args.remeasure)
+    print(f"{args.model} on this machine, {threads} threads: {how}\n{plan.table()}")
     return 0
 
 
@@ -115,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_flags(p)
     add_flags(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("plan", help="print (measuring it first if need be) which backend computes which step "
+                                    "shape on this machine")
+    p.add_argument("--model", default=EngineConfig.model)
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--allow-nondeterministic", action="store_true", help="let the plan mix native and torch")
+    p.add_argument("--remeasure", action="store_true", help="measure again even if a plan is saved")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("route", help="one endpoint in front of many nodes: session-affine, prefix-aware routing "
                                      "with bounded loads, failover, tiering, response cache")
     add_flags(p, RouterConfig)

@@ -74,6 +74,14 @@ class EngineConfig:
     # the agreement), "auto": int8 when dtype is "auto" (the fast default, as bf16 is where the CPU has it),
     # fp32 when float32 is asked for.
     kernel_activations: str = "auto"
+    # Which backend computes which step shape (warmpath/engine/plan.py): "auto" measures them on this machine at
+    # the first start of a model (cached under $WARMPATH_HOME/plans/; `warmpath plan` prints it) whenever dtype,
+    # kernel and kernel_activations are all "auto"; a backend name (native-int8, native-fp32, torch-bf16,
+    # torch-fp32) or a plan file forces one.
+    plan: str = "auto"
+    # Let the plan mix a native and a torch backend where that is faster: a greedy request's tokens may then
+    # depend on what shares its steps and on how much of its prompt was cached.
+    allow_nondeterministic: bool = False
     seed: int = 0
 
     def scheduler_config(self) -> SchedulerConfig:

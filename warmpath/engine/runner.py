@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from warmpath.engine.plan import Plan
 from warmpath.kernels.native import NativeForward
 from warmpath.models.attention import AttentionMetadata, PrefillSpan
 from warmpath.models.llama import LlamaForCausalLM
@@ -32,7 +33,8 @@ class StepRoute:
     threads: int = 1
 
 
-# With fp32 activations the native kernel takes sequences of at most MAX_CHUNK new tokens (decodes, a warm
+# Without a plan (a configuration asked for by name, e.g. dtype="float32", the exact one), a fixed rule:
+# with fp32 activations the native kernel takes sequences of at most MAX_CHUNK new tokens (decodes, a warm
 # request's new tokens) and prompt chunks whose whole context is at most NATIVE_CONTEXT tokens (there its
 # products keep up with torch's GEMMs and share one pass with the step's decodes); torch's attention wins over
 # longer contexts. With int8 activations every sequence runs natively: the products' speed-up outweighs the
@@ -50,15 +52,17 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: torch.Tensor, block_size: int,
+    def __init__(self, model: LlamaForCausalLM | None, kv_cache: torch.Tensor, block_size: int,
                  native: NativeForward | None = None, half_width_max_rows: int = 0,
-                 decode_threads: int | None = None):
-        self.model = model
+                 decode_threads: int | None = None, plan: Plan | None = None):
+        self.model = model  # None when the plan computes everything natively
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = kv_cache.device
         self.native = native  # computes the sequences route() sends it
-        self.half_width_max_rows = half_width_max_rows if model.has_half_width_copies else 0
+        self.plan = plan  # the measured choice per shape class (engine/plan.py); None: the fixed rule below
+        has_copies = model is not None and model.has_half_width_copies
+        self.half_width_max_rows = half_width_max_rows if has_copies else 0
         self.threads = torch.get_num_threads()  # what prompt steps use; the count in force now
         self.all_threads = self.threads
         self.decode_threads = decode_threads or self.threads  # decode-only steps (EngineConfig.num_decode_threads)
@@ -66,15 +70,22 @@ class ModelRunner:
     def route(self, seqs: list[SeqInput]) -> StepRoute:
         """The one place that decides how a step runs."""
         route = StepRoute()
+        decodes = sum(1 for s in seqs if len(s.token_ids) == 1)
         for i, s in enumerate(seqs):
-            n = len(s.token_ids)
-            native = self.native is not None and (
-                self.native.activations == "int8" or n <= MAX_CHUNK or s.num_computed + n <= NATIVE_CONTEXT)
-            (route.native if native else route.torch).append(i)
+            (route.native if self._native_computes(s, decodes) else route.torch).append(i)
         route.half_width = sum(len(seqs[i].token_ids) for i in route.torch) <= self.half_width_max_rows
         decode_only = all(len(s.token_ids) == 1 for s in seqs)
         route.threads = self.decode_threads if decode_only else self.all_threads
         return route
+
+    def _native_computes(self, s: SeqInput, decodes: int) -> bool:
+        n = len(s.token_ids)
+        if self.plan is not None:
+            chosen = self.plan.for_decode(decodes, s.num_computed + 1) if n == 1 else self.plan.for_chunk(
+                n, s.num_computed)
+            return chosen.startswith("native")
+        return self.native is not None and (
+            self.native.activations == "int8" or n <= MAX_CHUNK or s.num_computed + n <= NATIVE_CONTEXT)
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
@@ -163,4 +174,4 @@ class ModelRunner:
         wanted = [logits[i] for i, s in enumerate(seqs) if s.sample]
         if wanted:
             return torch.stack(wanted)
-        return torch.empty(0, self.model.cfg.vocab_size)
+        return torch.empty(0, self.native.vocab if self.model is None else self.model.cfg.vocab_size)

@@ -1,0 +1,177 @@
+"""Measuring the plan on the machine at hand: each candidate backend's step time on each shape class, once per
+machine, model and code version (cached under $WARMPATH_HOME/plans/; a change of any of them measures again).
+
+A step is timed on a KV cache holding zeros: a step's time does not depend on the values it attends over, so no
+context has to be prefilled to time a chunk over 6,144 cached tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from warmpath.config import warmpath_home
+from warmpath.engine.plan import (
+    BACKENDS,
+    CHUNK_SHAPES,
+    DECODE_SHAPES,
+    Plan,
+    Timings,
+    choose,
+    chunk_key,
+    decode_key,
+    single,
+)
+from warmpath.engine.runner import ModelRunner, SeqInput
+from warmpath.kernels.native import NativeForward, NativeKernelError
+from warmpath.models.checkpoint import Checkpoint
+from warmpath.models.kv_cache import allocate_kv_cache
+from warmpath.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+BLOCK = 16
+CONTEXT_BLOCKS = 576  # blocks the timed sequences read (shared among them, more than the caches hold)
+TAIL_BLOCKS = 64  # a block of its own per sequence, where its new tokens are written
+QUICK_MS, SLOW_MS = 100.0, 1000.0  # steps faster than these are timed three times / twice, slower ones once
+# The code whose speed a plan measures: a change to any of these files means measuring again.
+CODE = [Path(__file__).parents[1] / p for p in ("engine/runner.py", "engine/plan_timing.py", "models/llama.py",
+                                                "models/attention.py", "kernels/native.py")]
+
+
+def candidates(native_available: bool) -> list[str]:
+    """What can run here: the native kernel where it builds; bf16 in torch where the CPU computes bf16."""
+    out = ["native-int8", "native-fp32"] if native_available else []
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        out.append("torch-bf16")
+    return [*out, "torch-fp32"]
+
+
+def machine_key(ckpt: Checkpoint, threads: int) -> str:
+    """CPU model and flags, torch, threads, the model file, the code: what a plan's times depend on."""
+    h = hashlib.sha256()
+    h.update(_cpu_identity().encode())
+    h.update(f"{torch.__version__} threads={threads} {platform.machine()}".encode())
+    h.update(_file_identity(Path(ckpt.source)).encode())
+    for path in sorted(CODE) + sorted((Path(__file__).parents[1] / "kernels" / "cpu").glob("*.[ch]")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _cpu_identity() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(dict.fromkeys(keep))  # the first core's lines; the others repeat them
+
+
+def _file_identity(path: Path) -> str:
+    """Size and a hash of the first and last MiB (a whole multi-GB file would take seconds to hash)."""
+    if path.is_dir():
+        return "|".join(_file_identity(p) for p in sorted(path.glob("*.safetensors")))
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return f"{path.name}:{h.hexdigest()}"
+
+
+def plan_path(key: str) -> Path:
+    return warmpath_home() / "plans" / f"{key}.json"
+
+
+def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allow_nondeterministic: bool,
+                    remeasure: bool = False, progress=sys.stderr) -> tuple[Plan, str]:
+    """The plan for this machine and model, and where it came from ("loaded PATH" / "measured, saved to PATH")."""
+    key = machine_key(ckpt, threads)
+    path = plan_path(key)
+    if path.exists() and not remeasure:
+        saved = Plan.load(path)
+        return choose(saved.timings, allow_nondeterministic, key), f"loaded {path}"
+    timings = measure(ckpt, candidates(native_available), progress)
+    plan = choose(timings, allow_nondeterministic, key)
+    choose(timings, False, key).save(path)  # the timings are what is kept; the choice is made at load
+    return plan, f"measured, saved to {path}"
+
+
+def measure(ckpt: Checkpoint, backends: list[str], progress=sys.stderr) -> Timings:
+    """ms per step for each backend on each shape class that fits the model's context."""
+    cfg = ckpt.config
+    t0 = time.perf_counter()
+    timings: Timings = {}
+    for backend in backends:
+        try:
+            runner = _runner(ckpt, backend)
+        except NativeKernelError as e:
+            log.warning("plan: %s cannot run here: %s", backend, e)
+            continue
+        got: dict[str, dict[str, float]] = {"decode": {}, "chunk": {}}
+        steps = [("decode", decode_key(r, c), r, 1, c) for r, c in DECODE_SHAPES]
+        steps += [("chunk", chunk_key(k, c), 1, k, c) for k, c in CHUNK_SHAPES]
+        # A model with a short context times a class at the longest context it has (the class keeps its name).
+        steps = [(kind, key, rows, new, min(cached, _fit(cfg.max_position_embeddings - new - 1)))
+                 for kind, key, rows, new, cached in steps]
+        _time(runner, _seqs(1, 8, 0))  # warm-up: first calls allocate and build
+        for kind, key, rows, new, cached in steps:
+            got[kind][key] = _time(runner, _seqs(rows, new, cached))
+        timings[backend] = got
+        del runner
+        print(f"plan: {backend} timed on {len(steps)} step shapes ({time.perf_counter() - t0:.0f} s so far)",
+              file=progress, flush=True)
+    return timings
+
+
+def _runner(ckpt: Checkpoint, backend: str) -> ModelRunner:
+    cfg = ckpt.config
+    blocks = CONTEXT_BLOCKS + TAIL_BLOCKS
+    if backend.startswith("torch"):
+        dtype = torch.bfloat16 if backend == "torch-bf16" else torch.float32
+        model = LlamaForCausalLM.from_weights(cfg, ckpt.weights, dtype, "cpu")
+        return ModelRunner(model, allocate_kv_cache(cfg, blocks, BLOCK, torch.bfloat16, "cpu"), BLOCK,
+                           plan=single(backend))
+    kv = allocate_kv_cache(cfg, blocks, BLOCK, torch.bfloat16, "cpu")  # the plan's one cache is 16-bit
+    native = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, BLOCK, activations=backend.removeprefix("native-"))
+    return ModelRunner(None, kv, BLOCK, native, plan=single(backend))
+
+
+def _fit(tokens: int) -> int:
+    return max(0, tokens // BLOCK * BLOCK)
+
+
+def _seqs(rows: int, new: int, cached: int) -> list[SeqInput]:
+    """`rows` sequences of `new` tokens over `cached` ones: context blocks spread over the shared ones, the new
+    tokens' blocks each sequence's own."""
+    ctx_blocks, new_blocks = -(-cached // BLOCK), -(-(cached % BLOCK + new) // BLOCK)
+    seqs = []
+    for i in range(rows):
+        table = [(i * ctx_blocks + j) % CONTEXT_BLOCKS for j in range(cached // BLOCK)]
+        table += [CONTEXT_BLOCKS + (i * new_blocks + j) % TAIL_BLOCKS for j in range(new_blocks)]
+        seqs.append(SeqInput([1 + (i + j) % 100 for j in range(new)], cached, table))
+    return seqs
+
+
+def _time(runner: ModelRunner, seqs: list[SeqInput], clock: Callable[[], float] = time.perf_counter) -> float:
+    """The fastest of a few runs: another process taking a core only ever adds time."""
+    def once() -> float:
+        t = clock()
+        runner.forward(seqs)
+        return (clock() - t) * 1000
+
+    best = once()
+    for _ in range(2 if best < QUICK_MS else 1 if best < SLOW_MS else 0):
+        best = min(best, once())
+    return best
+
+
+__all__ = ["BACKENDS", "candidates", "load_or_measure", "machine_key", "measure", "plan_path"]
