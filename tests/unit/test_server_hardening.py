@@ -169,3 +169,35 @@ def test_special_tokens_in_chat_content_are_text_but_parsed_in_a_raw_prompt(serv
     chat, raw = seen
     assert chat.count(start) == 2 and chat.count(end) == 1  # the template's own: the user turn, the reply's
     assert raw.count(start) == 1  # a completion prompt's special tokens stay special (documented)
+
+
+def _cached(url: str, prompt: str, headers: dict | None = None, **body) -> int:
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0, **body},
+                   headers=headers or {}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_a_cache_salt_keeps_prefix_cache_blocks_apart(server):
+    url, _ = server
+    secret = "# tenant A's file\nAPI_TOKEN = 'hunter2'\n" + CODE * 6
+    assert _cached(url, secret, cache_salt="tenant-a") == 0
+    assert _cached(url, secret, cache_salt="tenant-a") >= 64  # the same salt: the prefix is shared
+    assert _cached(url, secret, cache_salt="tenant-b") == 0  # another salt: no block, no timing to learn from
+    assert _cached(url, secret) == 0  # nor unsalted
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": secret}],
+                                                       "cache_salt": "", "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
+def test_cache_isolation_by_api_key(server_config, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("key-a  # tenant A\nkey-b\n")
+    cfg = ServerConfig(api_key="key-c", api_keys_file=str(keys), cache_isolation="key")
+    with running_server(server_config, cfg) as (url, _):
+        a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+        prompt = "# shared file\n" + CODE * 6
+        assert _cached(url, prompt, a) == 0 and _cached(url, prompt, a) >= 64
+        assert _cached(url, prompt, b) == 0 and _cached(url, prompt, b) >= 64
+        assert _cached(url, prompt, b, cache_salt="x") == 0  # a salt within a key is apart again
+        assert _cached(url, prompt, {"Authorization": "Bearer key-c"}) == 0

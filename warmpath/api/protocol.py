@@ -35,6 +35,8 @@ class SamplingFields(BaseModel):
     stream: bool = False
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     user: str | None = Field(default=None, max_length=256)
+    # vLLM's field: requests share prefix-cache blocks (and their timing) only with requests of the same salt.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     n: int = Field(default=1, ge=1, le=1)  # one choice per request: an editor wants one suggestion
     stream_options: dict | None = None
 
@@ -44,6 +46,11 @@ class SamplingFields(BaseModel):
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+    @field_validator("cache_salt")
+    @classmethod
+    def salt_encodable(cls, v):
+        return encodable(v)
 
     @field_validator("stop")
     @classmethod

@@ -34,6 +34,7 @@ class _Add:
     params: SamplingParams
     session_id: str | None
     deadline: float | None
+    cache_salt: str | None
     stream: asyncio.Queue
     loop: asyncio.AbstractEventLoop
 
@@ -95,13 +96,14 @@ class AsyncEngine:
         params: SamplingParams,
         session_id: str | None = None,
         deadline: float | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Leaving the iteration early (client gone, cancelled) aborts it."""
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.validate(prompt_token_ids, params)  # bad input fails here, in the caller
         stream: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt_token_ids, params, session_id, deadline, stream,
+        self._commands.put(_Add(request_id, prompt_token_ids, params, session_id, deadline, cache_salt, stream,
                                 asyncio.get_running_loop()))
         self._wake.set()
         finished = False
@@ -140,7 +142,7 @@ class AsyncEngine:
             if isinstance(cmd, _Add):
                 try:
                     self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.session_id,
-                                            cmd.deadline)
+                                            cmd.deadline, cmd.cache_salt)
                     self._streams[cmd.request_id] = cmd
                 except Exception as e:  # validated already; anything left goes back to its caller
                     cmd.loop.call_soon_threadsafe(cmd.stream.put_nowait, e)

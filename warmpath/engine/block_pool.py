@@ -1,11 +1,13 @@
 """The BlockPool: fixed KV blocks with reference counts and automatic prefix caching. Pure Python (the
 simulator runs it too); the tensors the blocks index live in models/kv_cache.py.
 
-Every full block of a sequence gets a chained hash: sha256(parent hash, extra key, the block's token ids). A
-new request reuses the longest chain of cached blocks of its tokens (each hit verified token by token, so a
-collision can never hand out wrong K/V). Blocks nobody holds stay cached and sit in an LRU free queue:
-freed blocks join its back (a request's last block first), allocation takes from its front (evicting the
-cached content), a cache hit pulls the block out of the queue wherever it is.
+Every full block of a sequence gets a chained hash: sha256(parent hash, extra key, the block's token ids); the
+first block's parent is the request's cache salt (empty without one), so requests of different salts (tenants)
+never share a block, nor learn from a hit what another tenant's prompt was. A new request reuses the longest
+chain of cached blocks of its tokens (each hit verified token by token, so a collision can never hand out wrong
+K/V). Blocks nobody holds stay cached and sit in an LRU free queue: freed blocks join its back (a request's
+last block first), allocation takes from its front (evicting the cached content), a cache hit pulls the block
+out of the queue wherever it is.
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ def hash_block(parent: bytes, token_ids: list[int] | tuple[int, ...], extra_key:
     return h.digest()
 
 
+def salt_root(cache_salt: str | None) -> bytes:
+    """The parent of a sequence's first block: empty without a salt (the hashes of unsalted requests)."""
+    if cache_salt is None:
+        return b""
+    return hashlib.sha256(b"cache_salt\0" + cache_salt.encode("utf-8", "surrogatepass")).digest()
+
+
 def block_hashes(token_ids: list[int], block_size: int, extra_key: bytes,
-                 start: list[bytes] | None = None) -> list[bytes]:
+                 start: list[bytes] | None = None, cache_salt: str | None = None) -> list[bytes]:
     """Chained hashes of every full block of token_ids, extending the already-known `start` hashes."""
     hashes = list(start or [])
     for i in range(len(hashes), len(token_ids) // block_size):
-        parent = hashes[-1] if hashes else b""
+        parent = hashes[-1] if hashes else salt_root(cache_salt)
         hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra_key))
     return hashes
 
@@ -74,8 +83,9 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - len(self.free_queue)
 
-    def hashes(self, token_ids: list[int], start: list[bytes] | None = None) -> list[bytes]:
-        return block_hashes(token_ids, self.block_size, self.extra_key, start)
+    def hashes(self, token_ids: list[int], start: list[bytes] | None = None,
+               cache_salt: str | None = None) -> list[bytes]:
+        return block_hashes(token_ids, self.block_size, self.extra_key, start, cache_salt)
 
     def find_cached_prefix(self, token_ids: list[int], hashes: list[bytes]) -> list[int]:
         """Block ids of the longest cached chain covering token_ids' leading full blocks (not yet held)."""

@@ -92,6 +92,7 @@ class Request:
     metrics: RequestMetrics
     session_id: str | None = None
     deadline: float | None = None  # time.monotonic() past which the request is finished with DEADLINE
+    cache_salt: str | None = None  # mixed into its first block's hash: shares cached blocks only within a salt
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)

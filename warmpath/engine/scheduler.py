@@ -168,7 +168,7 @@ class Scheduler:
 
     def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
         tokens = req.all_token_ids
-        req.block_hashes = self.pool.hashes(tokens, req.block_hashes)
+        req.block_hashes = self.pool.hashes(tokens, req.block_hashes, req.cache_salt)
         # At least the last token is always computed: its logits give the next token.
         usable = req.block_hashes[: (req.num_tokens - 1) // self.block_size]
         hit = self.pool.find_cached_prefix(tokens, usable)
@@ -205,7 +205,8 @@ class Scheduler:
             full = req.num_computed_tokens // self.block_size
             if full > req.num_registered_blocks:
                 if len(req.block_hashes) < full:
-                    req.block_hashes = self.pool.hashes(req.all_token_ids[: full * self.block_size], req.block_hashes)
+                    req.block_hashes = self.pool.hashes(req.all_token_ids[: full * self.block_size], req.block_hashes,
+                                                        req.cache_salt)
                 self.pool.cache_blocks(req.block_ids, req.all_token_ids, req.block_hashes[:full],
                                        req.num_registered_blocks)
                 req.num_registered_blocks = full

@@ -8,6 +8,7 @@ empty text and finish_reason "deadline"; one that cannot start in time is answer
 
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import asynccontextmanager
 
@@ -40,6 +41,16 @@ class Frontend:
         self.encoder = PromptEncoder(self.tokenizer, engine.max_model_len)
         self.model_name = config.served_model_name or engine.config.model
         self.accepted_names = {self.model_name, engine.config.model}
+        if config.cache_isolation not in ("none", "key"):
+            raise ValueError(f"cache_isolation must be none or key, got {config.cache_isolation!r}")
+
+    def cache_salt(self, body: SamplingFields, request: Request) -> str | None:
+        """The request's prefix-cache salt: its `cache_salt`, and with cache_isolation "key" a hash of its API
+        key (never the key itself) before it, so each key is its own tenant."""
+        if self.config.cache_isolation != "key":
+            return body.cache_salt
+        key = hashlib.sha256(request.headers.get("authorization", "").encode("latin-1")).hexdigest()
+        return f"{key}\0{body.cache_salt or ''}"
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.accepted_names:
@@ -62,7 +73,8 @@ class Frontend:
             if body.suffix:
                 raise ApiError(400, "suffix needs a text prompt", param="suffix")
             prompt_ids = list(body.prompt)
-        job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens)
+        job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens,
+                             self.cache_salt(body, request))
         job.cutter, job.fim_mode = cutter, fim_mode
         return job
 
@@ -77,7 +89,7 @@ class Frontend:
         except Exception as e:  # a template that fails on these messages is the caller's input problem
             raise ApiError(400, f"chat template failed on these messages: {e}", param="messages") from None
         return self.jobs.make("chat", body, prompt_ids, request.headers, received,
-                              body.max_completion_tokens or body.max_tokens)
+                              body.max_completion_tokens or body.max_tokens, self.cache_salt(body, request))
 
     # -- answers ----------------------------------------------------------------------------------------------
     async def respond(self, job: Job, body: SamplingFields, request: Request):

@@ -35,6 +35,7 @@ class Job:
     session_id: str | None
     received: float  # time.monotonic() at receipt
     deadline: float | None
+    cache_salt: str | None = None
     cutter: SuffixCutter | None = None
     fim_mode: str | None = None
     text: str = ""
@@ -54,7 +55,7 @@ class Jobs:
         self.engine, self.async_engine, self.metrics = engine, async_engine, metrics
 
     def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
-             max_tokens: int | None) -> Job:
+             max_tokens: int | None, cache_salt: str | None = None) -> Job:
         """A job for this prompt, or ApiError (400) if it does not fit the model or its parameters are bad."""
         max_len = self.engine.max_model_len
         if max_tokens is None:
@@ -70,7 +71,7 @@ class Jobs:
         except (ValueError, PromptTooLongError) as e:
             raise ApiError(400, str(e), param="prompt") from None
         return Job(new_id(kind[:4]), kind, prompt_ids, params, body.stop or [], session_key(headers, body.user),
-                   received, parse_deadline(headers, received))
+                   received, parse_deadline(headers, received), cache_salt)
 
     def refuse_if_overloaded(self, job: Job) -> bool:
         """Can the job not even start before its deadline, given the work queued ahead of it? Then it is
@@ -90,7 +91,8 @@ class Jobs:
         """Text deltas; sets job.finish_reason. Enforces the deadline itself (the engine only sees it at step
         boundaries, which may be long). Closing it early aborts the request in the engine."""
         detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop)
-        gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline)
+        gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline,
+                                         job.cache_salt)
         try:
             while True:
                 timeout = None if job.deadline is None else max(0.0, job.deadline - time.monotonic())
