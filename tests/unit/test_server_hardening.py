@@ -2,6 +2,7 @@
 header bytes, tokenization off the event loop, the cache salt, connection timeouts, the overload estimate,
 error shapes and the OpenAI parameters it implements or refuses, and chat content that cannot forge turns."""
 
+import asyncio
 import concurrent.futures
 import http.client
 import json
@@ -201,3 +202,32 @@ def test_cache_isolation_by_api_key(server_config, tmp_path):
         assert _cached(url, prompt, b) == 0 and _cached(url, prompt, b) >= 64
         assert _cached(url, prompt, b, cache_salt="x") == 0  # a salt within a key is apart again
         assert _cached(url, prompt, {"Authorization": "Bearer key-c"}) == 0
+
+
+def test_a_burst_of_doomed_requests_is_refused_at_once(server):
+    url, app = server
+    async_engine = app.state.async_engine
+    saved = async_engine.seconds_per_token, async_engine.step_overhead
+    async_engine._learn_cost = lambda tokens, seconds: None  # a known cost: ~700-token prompts take ~1.4 s
+    async_engine.seconds_per_token, async_engine.step_overhead = 2e-3, 0.0
+    prompts = [f"# burst {i}\n" + CODE * 12 for i in range(16)]
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=120) as http:
+            return await asyncio.gather(*(http.post(f"{url}/v1/completions", headers={"X-Deadline-Ms": "2000"},
+                                                    json={"prompt": p, "max_tokens": 2, "temperature": 0,
+                                                          "stream": i % 2 == 1})
+                                          for i, p in enumerate(prompts)))
+    try:
+        answers = asyncio.run(burst())
+    finally:
+        del async_engine._learn_cost
+        async_engine.seconds_per_token, async_engine.step_overhead = saved
+    reasons = []
+    for r in answers:
+        assert r.status_code == 200
+        events = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")]
+        reasons.append((events[-1] if events else r.json())["choices"][0]["finish_reason"])
+    # two fit in the deadline (the first, and the one queued behind it); every later one is refused unrun
+    assert reasons.count("overloaded") >= 12, reasons
+    assert not async_engine._queued

@@ -66,6 +66,10 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Add] = {}
+        # Prompt tokens of requests admitted but not yet in the scheduler (the command queue, and the moment
+        # between the overloaded check and the submission): the estimate must count them, or a burst that
+        # arrives within one step all passes the check.
+        self._queued: dict[str, int] = {}
         self._stop = False
         self.error: BaseException | None = None
         # Seconds per computed token, smoothed: the queue estimate behind "overloaded".
@@ -102,6 +106,7 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.validate(prompt_token_ids, params)  # bad input fails here, in the caller
+        self._queued[request_id] = len(prompt_token_ids)
         stream: asyncio.Queue = asyncio.Queue()
         self._commands.put(_Add(request_id, prompt_token_ids, params, session_id, deadline, cache_salt, stream,
                                 asyncio.get_running_loop()))
@@ -124,11 +129,20 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
         self._wake.set()
 
+    def reserve(self, request_id: str, num_tokens: int) -> None:
+        """Count a request about to be submitted in the estimate from now on (see _queued)."""
+        self._queued[request_id] = num_tokens
+
+    def unreserve(self, request_id: str) -> None:
+        self._queued.pop(request_id, None)
+
     def estimate_wait(self) -> float:
         """Seconds until a new request could be scheduled: the prompt tokens queued ahead of it (waiting
-        requests and unfinished prefills), at the measured cost per token and per step."""
+        requests and unfinished prefills, and those not yet taken from the command queue), at the measured
+        cost per token and per step."""
         sched = self.engine.scheduler
         ahead = sum(r.num_tokens - r.num_computed_tokens - 1 for r in list(sched.waiting) + list(sched.running))
+        ahead += sum(list(self._queued.values()))
         steps = -(-ahead // self.engine.config.max_num_batched_tokens)
         return ahead * self.seconds_per_token + steps * self.step_overhead
 
@@ -146,6 +160,7 @@ class AsyncEngine:
                     self._streams[cmd.request_id] = cmd
                 except Exception as e:  # validated already; anything left goes back to its caller
                     cmd.loop.call_soon_threadsafe(cmd.stream.put_nowait, e)
+                self._queued.pop(cmd.request_id, None)  # in the scheduler now (counted there), or refused
             else:
                 self.engine.abort(cmd.request_id)
 

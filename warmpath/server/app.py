@@ -93,10 +93,8 @@ class Frontend:
 
     # -- answers ----------------------------------------------------------------------------------------------
     async def respond(self, job: Job, body: SamplingFields, request: Request):
-        if self.jobs.refuse_if_overloaded(job):
-            if body.stream:
-                return StreamingResponse(iter([self._silence_sse(job)]), media_type="text/event-stream")
-            return self._answer(job, "")
+        """The job's answer; one that cannot start before its deadline is refused at once ("overloaded", by
+        jobs.run, before it reaches the engine)."""
         self.jobs.check_alive()
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -116,10 +114,6 @@ class Frontend:
 
     def _chunk(self, job: Job, text: str, finish: str | None, first: bool = False) -> str:
         return wire.sse(wire.chunk(job.kind, job.request_id, self.model_name, text, finish, first, job.fim_mode))
-
-    def _silence_sse(self, job: Job) -> str:
-        return wire.silence_sse(job.kind, self.model_name, job.finish_reason, job.request_id, first=True,
-                                fim_mode=job.fim_mode)
 
     async def _sse(self, job: Job, include_usage: bool):
         first = True

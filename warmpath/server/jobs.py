@@ -75,12 +75,15 @@ class Jobs:
 
     def refuse_if_overloaded(self, job: Job) -> bool:
         """Can the job not even start before its deadline, given the work queued ahead of it? Then it is
-        recorded as "overloaded" (its answer is silence) and never submitted."""
-        if job.deadline is None or time.monotonic() + self.async_engine.estimate_wait() <= job.deadline:
+        recorded as "overloaded" ("deadline" if it is already past) and never submitted: its answer is silence.
+        Otherwise it counts as queued ahead of the next one from now on (run() submits it)."""
+        now = time.monotonic()
+        if job.deadline is None or now + self.async_engine.estimate_wait() <= job.deadline:
+            self.async_engine.reserve(job.request_id, len(job.prompt_ids))
             return False
-        self.metrics.aborted.labels("overloaded").inc()
-        self.metrics.requests.labels("overloaded").inc()
-        job.finish_reason = "overloaded"
+        job.finish_reason = "deadline" if now >= job.deadline else "overloaded"
+        self.metrics.aborted.labels(job.finish_reason).inc()
+        self.metrics.requests.labels(job.finish_reason).inc()
         return True
 
     def check_alive(self) -> None:
@@ -88,8 +91,11 @@ class Jobs:
             raise ApiError(503, "the engine loop is not running", "server_error", code="engine_dead")
 
     async def run(self, job: Job) -> AsyncIterator[str]:
-        """Text deltas; sets job.finish_reason. Enforces the deadline itself (the engine only sees it at step
-        boundaries, which may be long). Closing it early aborts the request in the engine."""
+        """Text deltas; sets job.finish_reason ("overloaded" and nothing: refused unrun). Enforces the deadline
+        itself (the engine only sees it at step boundaries, which may be long). Closing it early aborts the
+        request in the engine."""
+        if self.refuse_if_overloaded(job):  # checked here, right before submitting: see reserve()
+            return
         detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop)
         gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline,
                                          job.cache_salt)
@@ -116,6 +122,7 @@ class Jobs:
                     return
         finally:
             await gen.aclose()  # aborts the request in the engine unless it finished
+            self.async_engine.unreserve(job.request_id)
             self.record(job)
 
     async def collect(self, job: Job) -> None:
