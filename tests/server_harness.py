@@ -32,11 +32,19 @@ def running_server(engine_config: EngineConfig, server_config: ServerConfig | No
 
 @contextmanager
 def running_app(app):
-    """Any ASGI app (a server, the router) on a fresh loopback port, in a thread."""
+    """Any ASGI app (a server, the router) on a fresh loopback port, in a thread; under its config's connection
+    limits as `warmpath serve` / `warmpath route` run it (api/serving.py), when it has one."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    limits = getattr(app.state, "http_config", None) if hasattr(app, "state") else None
+    if limits is not None:
+        from warmpath.api.serving import uvicorn_config
+
+        config = uvicorn_config(app, limits, log_level="warning", lifespan="on")
+    else:
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     ready = time.monotonic() + 30

@@ -231,3 +231,54 @@ def test_a_burst_of_doomed_requests_is_refused_at_once(server):
     # two fit in the deadline (the first, and the one queued behind it); every later one is refused unrun
     assert reasons.count("overloaded") >= 12, reasons
     assert not async_engine._queued
+
+
+def _closed_or_answered(s: socket.socket, within: float) -> bytes | None:
+    """What the server sends before closing (b"" for a bare close), or None if it still holds the connection."""
+    s.settimeout(within)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_slow_and_too_many_connections_are_cut_off(server_config):
+    limits = ServerConfig(header_timeout=1.0, max_connections=16)
+    with running_server(server_config, limits) as (url, _):
+        slow = [_connect(url) for _ in range(24)]  # slowloris: headers begun, never finished
+        for s in slow:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        t = time.monotonic()
+        answers = [_closed_or_answered(s, 5.0) for s in slow]
+        assert time.monotonic() - t < 4.0 and None not in answers  # none held past the bound
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        late = [a for a in answers if a.startswith(b"HTTP/1.1 408")]
+        assert len(refused) >= 24 - 16 and len(refused) + len(late) == 24
+        assert json.loads(late[0].split(b"\r\n\r\n", 1)[1])["error"]["code"] == "timeout"
+        for s in slow:
+            s.close()
+        # a client that sends a byte after its first answer is cut off too (uvicorn's keep-alive timer stops)
+        with _connect(url) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            resp = http.client.HTTPResponse(s)
+            resp.begin()
+            assert resp.status == 200 and resp.read()
+            s.sendall(b"G")
+            assert _closed_or_answered(s, 5.0).startswith(b"HTTP/1.1 408")
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_protocol_errors_answer_the_openai_error_object(server):
+    url, _ = server
+    for request, status in ((b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n", 431),
+                            (b"NOT HTTP AT ALL\r\n\r\n", 400)):
+        with _connect(url) as s:
+            s.sendall(request)
+            resp = http.client.HTTPResponse(s)
+            resp.begin()
+            assert resp.status == status and set(json.loads(resp.read())["error"]) >= {"message", "type"}

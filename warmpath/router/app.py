@@ -124,6 +124,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     app = FastAPI(title="warmpath router", lifespan=lifespan)
     app.state.proxy = proxy
+    app.state.http_config = config  # its connection limits: api/serving.py
     app.state.nodes, app.state.routers, app.state.cache, app.state.metrics = \
         proxy.nodes, proxy.routers, proxy.cache, proxy.metrics
     install_error_handlers(app)

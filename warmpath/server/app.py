@@ -179,6 +179,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="warmpath", lifespan=lifespan)
     app.state.frontend = frontend
+    app.state.http_config = frontend.config  # its connection limits: api/serving.py
     app.state.engine, app.state.async_engine, app.state.metrics = engine, frontend.async_engine, frontend.metrics
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, config=frontend.config)
