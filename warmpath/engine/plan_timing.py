@@ -22,6 +22,7 @@ from warmpath.engine.plan import (
     BACKENDS,
     CHUNK_SHAPES,
     DECODE_SHAPES,
+    DETERMINISTIC,
     Plan,
     Timings,
     choose,
@@ -93,16 +94,20 @@ def plan_path(key: str) -> Path:
 
 def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allow_nondeterministic: bool,
                     remeasure: bool = False, progress=sys.stderr) -> tuple[Plan, str]:
-    """The plan for this machine and model, and where it came from ("loaded PATH" / "measured, saved to PATH")."""
+    """The plan for this machine and model, and where it came from ("loaded PATH" / "measured, saved to PATH").
+    Only the backends the choice can use are timed: without nondeterminism allowed, the deterministic ones
+    (where the kernel builds); the others are timed the first time a plan may mix them in."""
     key = machine_key(ckpt, threads)
     path = plan_path(key)
-    if path.exists() and not remeasure:
-        saved = Plan.load(path)
-        return choose(saved.timings, allow_nondeterministic, key), f"loaded {path}"
-    timings = measure(ckpt, candidates(native_available), progress)
-    plan = choose(timings, allow_nondeterministic, key)
-    choose(timings, False, key).save(path)  # the timings are what is kept; the choice is made at load
-    return plan, f"measured, saved to {path}"
+    timings = {} if remeasure or not path.exists() else Plan.load(path).timings
+    wanted = [b for b in candidates(native_available)
+              if allow_nondeterministic or b in DETERMINISTIC or not native_available]
+    missing = [b for b in wanted if b not in timings]
+    if missing:
+        timings = {**timings, **measure(ckpt, missing, progress)}
+        choose(timings, False, key).save(path)  # the timings are what is kept; the choice is made at load
+    how = f"measured {', '.join(missing)}, saved to {path}" if missing else f"loaded {path}"
+    return choose({b: t for b, t in timings.items() if b in wanted}, allow_nondeterministic, key), how
 
 
 def measure(ckpt: Checkpoint, backends: list[str], progress=sys.stderr) -> Timings:
