@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from tiny_model import write_tiny_gguf
+from tiny_model import write_tiny_gguf, write_tiny_hf
 
 from warmpath import LLM, SamplingParams
 from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
@@ -40,15 +40,16 @@ def portable_home(tmp_path_factory):
     return tmp_path_factory.mktemp("portable-kernel")  # built once for the module
 
 
-@pytest.fixture(params=["native", "portable"])
+@pytest.fixture(params=["native", "avx2", "portable"])
 def kernel_build(request, portable_home, monkeypatch):
-    """The kernel as built for this CPU, and its plain-C fallback (-march=x86-64: no AVX2), which CPUs without
-    AVX2 (and other architectures) get."""
-    if request.param == "portable":
+    """The kernel as built for this CPU, for an AVX2 CPU without AVX-512 (-march=haswell: 16 vector registers),
+    and its plain-C fallback (-march=x86-64: no AVX2), which CPUs without AVX2 (and other architectures) get."""
+    if request.param != "native":
         if native.platform.machine() != "x86_64":
-            pytest.skip("the portable variant is forced with an x86-64 flag")
-        monkeypatch.setattr(native, "CFLAGS", [f if f != "-march=native" else "-march=x86-64" for f in native.CFLAGS])
-        monkeypatch.setenv("WARMPATH_HOME", str(portable_home))
+            pytest.skip("the other variants are forced with x86-64 flags")
+        march = "-march=haswell" if request.param == "avx2" else "-march=x86-64"
+        monkeypatch.setattr(native, "CFLAGS", [f if f != "-march=native" else march for f in native.CFLAGS])
+        monkeypatch.setenv("WARMPATH_HOME", str(portable_home / request.param))
     native.load_library.cache_clear()
     yield request.param
     native.load_library.cache_clear()
@@ -463,3 +464,34 @@ def test_embedding_rows_from_packed_blocks_equal_the_tables(fmt, int8, tmp_path,
     assert kernels[0].weight_bytes < kernels[1].weight_bytes
     for a, b in zip(three_steps(kernels[0]), three_steps(kernels[1]), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_chunks_over_a_context_whatever_the_chunking(tmp_path, kv_dtype, kernel_build):
+    """Three query heads per KV head (register tiles then take heads of two rows): a prompt computed in one
+    chunk or in several over what is cached gives the same K/V and last logits, bit for bit, and the torch
+    model's (fp32 KV: to summation order). (A decode row sums its scores in another order: close, not equal.)"""
+    path = write_tiny_hf(tmp_path / "g3", "llama", num_attention_heads=6, num_key_value_heads=2,
+                         max_position_embeddings=1024)
+    ckpt = load_checkpoint(str(path), torch.float32)
+    cfg = ckpt.config
+    assert cfg.num_heads // cfg.num_kv_heads == 3
+    kv = allocate_kv_cache(cfg, 64, 16, kv_dtype, "cpu")
+    kernel = NativeForward(cfg, ckpt.weights, {}, kv, 16)
+    prompt, table = step_inputs(400, 0)
+    results = []
+    for cuts in ((400,), (64, 336), (150, 7, 243), (333, 65, 2)):
+        kv.zero_()
+        start = 0
+        for n in cuts:
+            logits = kernel.forward([prompt[start:start + n]], [start], [table])
+            start += n
+        results.append((logits, kv.clone()))
+    for logits, cache in results[1:]:
+        assert torch.equal(logits, results[0][0]) and torch.equal(cache, results[0][1])
+    if kv_dtype == torch.float32:
+        runner = ModelRunner(LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu"), kv, 16)
+        kv.zero_()
+        runner.forward([SeqInput(prompt[:150], 0, table)])
+        ref = runner.forward([SeqInput(prompt[150:], 150, table)])
+        torch.testing.assert_close(results[0][0], ref, rtol=1e-4, atol=1e-4)

@@ -26,6 +26,23 @@ static float exp_shifted(float *v, int n, float mx) {
     return sum;
 }
 
+/* The largest of v[0..n) (-inf for n = 0). */
+static inline float max_of(const float *v, int n) {
+    int i = 0;
+    float mx = -INFINITY;
+#ifdef WP_SIMD
+    if (n >= 8) {
+        __m256 m = _mm256_loadu_ps(v);
+        for (i = 8; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + i));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
+#endif
+    for (; i < n; i++) mx = v[i] > mx ? v[i] : mx;
+    return mx;
+}
+
 /* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache (KV
    type KVT; kc, vc: this KV head's first element, tok elements from one token to the next): each K/V row once
    for the G heads. s holds G x SPLIT scores. Prefetches bytes pf0..pf1 of each token's K and V rows (relative
@@ -67,8 +84,8 @@ AI void one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int3
     for (; t < n; t++)
         for (int j = 0; j < G; j++) s[j * SPLIT + t] = dot_kv(q + j * hd, rows[t], hd, KVT) * scale;
     for (int j = 0; j < G; j++) {
-        float *sj = s + j * SPLIT, *pj = part + j * (hd + 2), *o = pj + 2, mx = -INFINITY;
-        for (int u = 0; u < n; u++) mx = sj[u] > mx ? sj[u] : mx;
+        float *sj = s + j * SPLIT, *pj = part + j * (hd + 2), *o = pj + 2;
+        const float mx = max_of(sj, n);
         pj[0] = mx;
         pj[1] = exp_shifted(sj, n, mx);
         int d0 = 0;
@@ -105,16 +122,21 @@ static void attend_one_row(const float *q, const uint8_t *kc, const uint8_t *vc,
     else one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F32);
 }
 
+/* Queries per register tile of span_queries (x 32 keys: 8 accumulators, each K/V load feeding two FMAs); more
+   gained little. A query's numbers are the same whatever tile it is in. */
+#define SPAN_NQ 2
+
 #ifdef WP_SIMD
-/* NQ (1 or 2) rows x 32 columns of a small product in registers: acc[j][k] holds columns 8k..8k+7 of the sum
-   over i < n, in order, of a[j * lda + i] times the 32 floats at m + i * ldm + off (one fused multiply-add
-   chain each). Scores: queries times Kt's columns; outputs: softmax weights times Vs's rows. */
-AI void span_product(const float *a, int lda, const float *m, int ldm, int off, int n, const int NQ, __m256 acc[2][4]) {
+/* NQ rows x 32 columns of a small product in registers: acc[j][k] holds columns 8k..8k+7 of the sum over
+   i < n, in order, of a[j][i] times the 32 floats at m + i * ldm + off (one fused multiply-add chain each).
+   Scores: queries times Kt's columns; outputs: softmax weights times Vs's rows. */
+AI void span_product(const float *const a[SPAN_NQ], const float *m, int ldm, int off, int n, const int NQ,
+                     __m256 acc[SPAN_NQ][4]) {
     for (int j = 0; j < NQ; j++)
         for (int k = 0; k < 4; k++) acc[j][k] = _mm256_setzero_ps();
     for (int i = 0; i < n; i++) {
-        __m256 b[2];
-        for (int j = 0; j < NQ; j++) b[j] = _mm256_set1_ps(a[j * lda + i]);
+        __m256 b[SPAN_NQ];
+        for (int j = 0; j < NQ; j++) b[j] = _mm256_set1_ps(a[j][i]);
         const float *row = m + i * ldm + off;
         for (int k = 0; k < 4; k++) {
             const __m256 v = _mm256_loadu_ps(row + 8 * k);
@@ -124,14 +146,14 @@ AI void span_product(const float *a, int lda, const float *m, int ldm, int off, 
 }
 #endif
 
-/* NQ (1 or 2) query heads, q[a * hd..], over nv keys of a span staged in Kt [hd][SPLIT] and Vs [SPLIT][hd]:
+/* NQ query heads q[0..NQ) (hd floats each) over nv keys of a span staged in Kt [hd][SPLIT] and Vs [SPLIT][hd]:
    scores, softmax pieces and the unnormalized output into part[a * (hd + 2)..]. s holds NQ x SPLIT floats. */
-AI void span_queries(const float *q, int hd, const float *Kt, const float *Vs, int nv, float scale, float *s,
-                     float *part, const int NQ) {
+AI void span_queries(const float *const q[SPAN_NQ], int hd, const float *Kt, const float *Vs, int nv, float scale,
+                     float *s, float *part, const int NQ) {
 #ifdef WP_SIMD
     for (int t = 0; t < nv; t += 32) { /* 32 keys x NQ queries in registers; Kt is zero-padded to SPLIT */
-        __m256 acc[2][4];
-        span_product(q, hd, Kt, SPLIT, t, hd, NQ, acc);
+        __m256 acc[SPAN_NQ][4];
+        span_product(q, Kt, SPLIT, t, hd, NQ, acc);
         for (int a = 0; a < NQ; a++)
             for (int k = 0; k < 4; k++)
                 _mm256_storeu_ps(s + a * SPLIT + t + 8 * k, _mm256_mul_ps(acc[a][k], _mm256_set1_ps(scale)));
@@ -140,21 +162,23 @@ AI void span_queries(const float *q, int hd, const float *Kt, const float *Vs, i
     for (int a = 0; a < NQ; a++)
         for (int t = 0; t < nv; t++) {
             float v = 0.f;
-            for (int d = 0; d < hd; d++) v += q[a * hd + d] * Kt[d * SPLIT + t];
+            for (int d = 0; d < hd; d++) v += q[a][d] * Kt[d * SPLIT + t];
             s[a * SPLIT + t] = v * scale;
         }
 #endif
+    const float *w[SPAN_NQ]; /* each query's softmax weights */
     for (int a = 0; a < NQ; a++) {
-        float *sa = s + a * SPLIT, mx = -INFINITY;
-        for (int t = 0; t < nv; t++) mx = sa[t] > mx ? sa[t] : mx;
+        float *sa = s + a * SPLIT;
+        const float mx = max_of(sa, nv);
         part[a * (hd + 2)] = mx;
         part[a * (hd + 2) + 1] = exp_shifted(sa, nv, mx);
+        w[a] = sa;
     }
     int d0 = 0;
 #ifdef WP_SIMD
     for (; d0 + 32 <= hd; d0 += 32) { /* 32 output values x NQ queries in registers over the span */
-        __m256 acc[2][4];
-        span_product(s, SPLIT, Vs, hd, d0, nv, NQ, acc);
+        __m256 acc[SPAN_NQ][4];
+        span_product(w, Vs, hd, d0, nv, NQ, acc);
         for (int a = 0; a < NQ; a++)
             for (int k = 0; k < 4; k++) _mm256_storeu_ps(part + a * (hd + 2) + 2 + d0 + 8 * k, acc[a][k]);
     }
@@ -163,29 +187,54 @@ AI void span_queries(const float *q, int hd, const float *Kt, const float *Vs, i
         float *o = part + a * (hd + 2) + 2;
         for (int d = d0; d < hd; d++) o[d] = 0.f;
         for (int t = 0; t < nv && d0 < hd; t++)
-            for (int d = d0; d < hd; d++) o[d] += s[a * SPLIT + t] * Vs[t * hd + d];
+            for (int d = d0; d < hd; d++) o[d] += w[a][t] * Vs[t * hd + d];
     }
 }
+
+#ifdef WP_SIMD
+/* Kt[d][t..t+8) for d in d0..d0+8 from 8 tokens' K rows (d0.. of each): an 8 x 8 transpose in registers. */
+AI void transpose8(const uint8_t *const k[8], int64_t d0, float *Kt, int t, const int KVT) {
+    const int ES = KVT == WP_KV_F32 ? 4 : 2;
+    __m256 r[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = kv8(k[i] + d0 * ES, KVT);
+    for (int i = 0; i < 8; i += 2)
+        u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44), r[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44), r[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(Kt + (d0 + i) * SPLIT + t, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(Kt + (d0 + i + 4) * SPLIT + t, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
 
 /* K of a span transposed into Kt [hd][SPLIT] (zero-padded) and V copied into Vs [SPLIT][hd], as floats. */
 AI void stage_span(const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0,
                    int n, float *Kt, float *Vs, const int KVT) {
     const int ES = KVT == WP_KV_F32 ? 4 : 2;
+    const uint8_t *k[SPLIT]; /* each token's K row (its V row at the same offset from vc) */
+    for (int t = 0; t < n; t++) k[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok * ES;
+    const int64_t v_off = vc - kc;
     for (int t = 0; t < n; t++) {
-        const int64_t slot = (int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs;
-        const uint8_t *k = kc + slot * tok * ES, *v = vc + slot * tok * ES;
-        if (t + KV_PREFETCH < n) {
-            const int64_t ahead = (int64_t)table[(t0 + t + KV_PREFETCH) / bs] * bs + (t0 + t + KV_PREFETCH) % bs;
+        if (t + KV_PREFETCH < n)
             for (int o = 0; o < hd * ES; o += 64) {
-                __builtin_prefetch(kc + ahead * tok * ES + o);
-                __builtin_prefetch(vc + ahead * tok * ES + o);
+                __builtin_prefetch(k[t + KV_PREFETCH] + o);
+                __builtin_prefetch(k[t + KV_PREFETCH] + v_off + o);
             }
-        }
-        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = kv_at(k, d, KVT);
-        kv_row(Vs + t * hd, v, hd, KVT);
+        kv_row(Vs + t * hd, k[t] + v_off, hd, KVT);
     }
+    int t = 0;
+#ifdef WP_SIMD
+    if (hd % 8 == 0)
+        for (; t + 8 <= n; t += 8)
+            for (int d = 0; d < hd; d += 8) transpose8(k + t, d, Kt, t, KVT);
+#endif
+    for (; t < n; t++)
+        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = kv_at(k[t], d, KVT);
     for (int d = 0; d < hd; d++)
-        for (int t = n; t < SPLIT; t++) Kt[d * SPLIT + t] = 0.f;
+        for (int u = n; u < SPLIT; u++) Kt[d * SPLIT + u] = 0.f;
 }
 
 /* One task: the queries of one sequence's new rows (nrows x G heads of KV head g) over context tokens
@@ -199,23 +248,28 @@ static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, cons
     if (kvt == WP_KV_BF16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_BF16);
     else if (kvt == WP_KV_F16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_F16);
     else stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_F32);
-    for (int i = 0; i < nrows; i++) {
-        const int nv = (int)((p0 + i + 1 < t1 ? p0 + i + 1 : t1) - t0); /* causal: keys this row may see */
-        for (int j = 0; j < G; j += 2) { /* two heads of the row at a time: each K/V load feeds two FMAs */
-            const int nq = G - j >= 2 ? 2 : 1;
-            const float *q = qkv + (int64_t)i * qkv_w + j * hd;
-            float *pj = part + ((int64_t)i * G + j) * (hd + 2);
-            if (nv <= 0) {
-                for (int a = 0; a < nq; a++) {
-                    float *pa = pj + a * (hd + 2);
-                    pa[0] = -INFINITY, pa[1] = 0.f;
-                    for (int d = 0; d < hd; d++) pa[2 + d] = 0.f;
-                }
-                continue;
+    /* The task's queries (row i's head j is query i * G + j, as in part) in register tiles of up to SPAN_NQ
+       that see the same keys: all rows see a span wholly before the chunk, so a tile may take heads of
+       several rows; near the chunk's own tokens, where each row sees fewer, a row's heads. */
+    const int nq = nrows * G;
+    for (int a = 0; a < nq;) {
+        const int64_t last = p0 + a / G + 1; /* causal: keys this row may see */
+        const int nv = (int)((last < t1 ? last : t1) - t0);
+        int c = 1; /* the whole span (then for every later row too), or the rest of this row's heads */
+        while (c < SPAN_NQ && a + c < nq && (last >= t1 || (a + c) % G)) c++;
+        float *pa = part + (int64_t)a * (hd + 2);
+        if (nv <= 0) {
+            for (int u = 0; u < c * (hd + 2); u += hd + 2) {
+                pa[u] = -INFINITY, pa[u + 1] = 0.f;
+                for (int d = 0; d < hd; d++) pa[u + 2 + d] = 0.f;
             }
-            if (nq == 2) span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 2);
-            else span_queries(q, hd, Kt, Vs, nv, scale, s, pj, 1);
+        } else {
+            const float *q[SPAN_NQ];
+            for (int u = 0; u < c; u++) q[u] = qkv + (int64_t)((a + u) / G) * qkv_w + (a + u) % G * hd;
+            if (c == 2) span_queries(q, hd, Kt, Vs, nv, scale, s, pa, 2);
+            else span_queries(q, hd, Kt, Vs, nv, scale, s, pa, 1);
         }
+        a += c;
     }
 }
 
@@ -249,7 +303,7 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
         P->first[sq + 1] = P->first[sq] + (nrows == 1 ? nspan : KVH * nspan); /* a decode row's task: all KV heads */
         P->poff[sq + 1] = P->poff[sq] + (int64_t)KVH * nspan * nrows * G * (hd + 2);
     }
-    P->scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > 2 ? G : 2) * SPLIT;
+    P->scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > SPAN_NQ ? G : SPAN_NQ) * SPLIT;
     P->parts = (float *)malloc((size_t)P->poff[S] * sizeof(float));
     P->work = (float *)malloc((size_t)nthreads * P->scratch * sizeof(float));
     if (!P->parts || !P->work) return free_plan(P), -1;
