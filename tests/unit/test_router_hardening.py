@@ -2,7 +2,6 @@
 body limit on bytes received, bad text and header bytes, hung nodes (first-byte and idle bounds, a node that
 leaves the ring), and error shapes."""
 
-import concurrent.futures
 import contextlib
 import json
 import os
@@ -98,6 +97,7 @@ def test_unencodable_text_is_the_nodes_400_and_never_a_failover(fleet2):
 
 
 def _in_flight(rurl: str, node: str) -> int:
+    """The router's count of requests in flight on `node`."""
     return next(n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"] if n["url"] == node)
 
 
@@ -108,9 +108,9 @@ def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(t
         urls = [node, *fleet2]
         dev = session_homed_on(node, urls)
         try:
-            # health checks out of the way: the bounds alone
-            with router(urls, policy="session", health_interval=3600, first_byte_timeout=1.0,
-                        idle_timeout=1.0) as (rurl, _):
+            # health checks out of the way: the bounds alone (loose enough for the live nodes on a busy machine)
+            with router(urls, policy="session", health_interval=3600, first_byte_timeout=3.0,
+                        idle_timeout=2.0) as (rurl, _):
                 body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
                 with httpx.stream("POST", f"{rurl}/v1/completions", json=body, headers={"X-Session-Id": dev},
                                   timeout=60) as r:
@@ -123,27 +123,24 @@ def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(t
                                 os.kill(proc.pid, signal.SIGSTOP)
                                 frozen = time.monotonic()
                 ended = time.monotonic() - frozen
-                assert ended < 5, ended  # ended by the idle bound, not by the thaw
+                assert ended < 8, ended  # ended by the idle bound, not by the thaw
                 assert "[DONE]" not in events and json.loads(events[-1])["error"]["code"] == "upstream_failed"
                 # nothing sent yet: past the first-byte bound the request fails over, for the client unseen
                 t = time.monotonic()
                 r = complete(rurl, CODE, dev, stream=True)
                 assert r.status_code == 200 and r.headers["x-warmpath-node"] != node and "error" not in r.text
-                assert time.monotonic() - t < 5, time.monotonic() - t
+                assert time.monotonic() - t < 10, time.monotonic() - t
                 assert counter(rurl, "warmpath_router_failovers_total", f'node="{node}"') == 1
             os.kill(proc.pid, signal.SIGCONT)
-            # health checks on, the bounds out of the way: the node leaves the ring, its requests fail over
+            # health checks on, the bounds out of the way: sent to the node just frozen (the router cannot know
+            # yet), the request fails over when the node leaves the ring
             with router(urls, policy="session", health_interval=0.3, health_failures=2) as (rurl, _):
-                with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                    pending = pool.submit(complete, rurl, CODE * 20, dev, max_tokens=3000)
-                    deadline = time.monotonic() + 30
-                    while _in_flight(rurl, node) == 0 and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                    os.kill(proc.pid, signal.SIGSTOP)
-                    t = time.monotonic()
-                    r = pending.result(timeout=60)
+                os.kill(proc.pid, signal.SIGSTOP)
+                t = time.monotonic()
+                r = complete(rurl, CODE * 20, dev, max_tokens=8)
                 assert r.status_code == 200 and r.headers["x-warmpath-node"] != node, r.text
-                assert time.monotonic() - t < 10, time.monotonic() - t
+                assert time.monotonic() - t < 15, time.monotonic() - t
+                assert counter(rurl, "warmpath_router_failovers_total", f'node="{node}"') == 1  # it went there first
                 assert _in_flight(rurl, node) == 0
         finally:
             os.kill(proc.pid, signal.SIGCONT)
@@ -163,3 +160,20 @@ def test_the_router_cuts_off_slow_connections_and_answers_protocol_errors(fleet2
         status, body = raw_request(rurl, b"GET", b"/health", b"", [b"X-Big: " + b"a" * (1 << 20)])
         assert status == 431 and "error" in json.loads(body)
         assert httpx.get(f"{rurl}/health").status_code == 200
+
+
+def test_errors_and_models_retrieve_through_the_router(fleet2):
+    import openai
+    from test_server_hardening import MALFORMED, _is_openai_error
+
+    with router(fleet2) as (rurl, _):
+        for method, path, body, status in MALFORMED:
+            r = httpx.request(method, rurl + path, content=body, headers={"Content-Type": "application/json"})
+            _is_openai_error(r, status)
+        r = httpx.post(f"{rurl}/v1/completions", json={"prompt": "x", "best_of": 3})
+        assert _is_openai_error(r, 400)["param"] == "best_of"  # the node's refusal, relayed
+        c = openai.OpenAI(base_url=f"{rurl}/v1", api_key="unused", max_retries=0)
+        name = c.models.list().data[0].id
+        assert c.models.retrieve(name).id == name
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve("gpt-9")

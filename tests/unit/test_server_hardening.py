@@ -282,3 +282,119 @@ def test_protocol_errors_answer_the_openai_error_object(server):
             resp = http.client.HTTPResponse(s)
             resp.begin()
             assert resp.status == status and set(json.loads(resp.read())["error"]) >= {"message", "type"}
+
+
+def _is_openai_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+MALFORMED = [  # (method, path, body): answered by the framework before any route, in the OpenAI shape too
+    ("GET", "/v1/nothing-here", None, 404), ("DELETE", "/v1/completions", None, 405),
+    ("POST", "/v1/completions", b"[" * 50_000 + b"]" * 50_000, 400),
+    ("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400),
+]
+
+
+@pytest.mark.parametrize("method,path,body,status", MALFORMED)
+def test_framework_errors_are_openai_errors(server, method, path, body, status):
+    url, _ = server
+    _is_openai_error(httpx.request(method, url + path, content=body, headers={"Content-Type": "application/json"}),
+                     status)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": [7, "8"]}, "prompt"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"), ({"prompt": "x", "temperature": "0.5"}, "temperature"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
+    ({"prompt": "x", "best_of": 2}, "best_of"), ({"prompt": "x", "logit_bias": {"7": 5}}, "logit_bias"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": 1}, "frequency_penalty"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"), ({"prompt": "x", "logprobs": 21}, "logprobs"),
+])
+def test_strict_types_and_unimplemented_parameters_are_refused_by_name(server, body, param):
+    url, _ = server
+    assert _is_openai_error(httpx.post(f"{url}/v1/completions", json=body), 400)["param"] == param
+
+
+def test_neutral_values_of_unimplemented_parameters_pass(server):
+    url, _ = server
+    body = {"prompt": "x", "max_tokens": 2, "best_of": 1, "logit_bias": {}, "presence_penalty": 0,
+            "frequency_penalty": 0.0, "response_format": {"type": "text"}, "tools": None}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    for extra, param in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                         ({"tool_choice": "auto"}, "tool_choice"), ({"top_logprobs": 2}, "top_logprobs")):
+        r = httpx.post(f"{url}/v1/chat/completions", json={**chat, **extra})
+        assert _is_openai_error(r, 400)["param"] == param
+
+
+def test_completion_logprobs_echo_and_streaming_agree(server):
+    url, _ = server
+    body = {"prompt": CODE, "max_tokens": 8, "temperature": 0, "logprobs": 3}
+    whole = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    lp, n = whole["choices"][0]["logprobs"], whole["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    for value, top in zip(lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert value <= 0 and 1 <= len(top) <= 4 and value == max(top.values())  # greedy: the most likely
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    parts = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=60).text
+    events = [json.loads(e[6:]) for e in parts.split("\n\n") if e.startswith("data: {")]
+    streamed = [c["logprobs"] for e in events for c in e["choices"] if c["logprobs"]]
+    assert [t for p in streamed for t in p["tokens"]] == lp["tokens"]
+    assert [v for p in streamed for v in p["token_logprobs"]] == lp["token_logprobs"]
+    echoed = httpx.post(f"{url}/v1/completions", json={**body, "logprobs": None, "echo": True}, timeout=60).json()
+    assert echoed["choices"][0]["text"] == CODE + whole["choices"][0]["text"]
+    parts = httpx.post(f"{url}/v1/completions", json={**body, "logprobs": None, "echo": True, "stream": True},
+                       timeout=60).text
+    events = [json.loads(e[6:]) for e in parts.split("\n\n") if e.startswith("data: {")]
+    assert "".join(c["text"] for e in events for c in e["choices"]) == CODE + whole["choices"][0]["text"]
+
+
+def test_chat_logprobs(server):
+    url, _ = server
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0, "logprobs": True,
+            "top_logprobs": 2}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == r["usage"]["completion_tokens"] or r["choices"][0]["finish_reason"] == "stop"
+    for t in content:
+        assert len(t["top_logprobs"]) == 2 and t["logprob"] == t["top_logprobs"][0]["logprob"]
+        assert bytes(t["bytes"]).decode("utf-8", "replace") and isinstance(t["token"], str)
+    no = httpx.post(f"{url}/v1/chat/completions", json={**body, "logprobs": False, "top_logprobs": None},
+                    timeout=60).json()
+    assert no["choices"][0]["logprobs"] is None
+
+
+def test_ignore_eos_generates_max_tokens(server):
+    url, app = server
+    runner, eos = app.state.engine.runner, app.state.engine.tokenizer.eos_token_id
+    real = runner.forward
+
+    def eos_always(seqs):  # a model that wants to stop at once
+        logits = real(seqs)
+        logits[:, eos] = logits.max() + 100
+        return logits
+
+    runner.forward = eos_always
+    try:
+        stops = httpx.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 6}, timeout=60).json()
+        runs = httpx.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 6, "ignore_eos": True},
+                          timeout=60).json()
+    finally:
+        runner.forward = real
+    assert stops["choices"][0]["finish_reason"] == "stop" and stops["usage"]["completion_tokens"] == 1
+    assert runs["choices"][0]["finish_reason"] == "length" and runs["usage"]["completion_tokens"] == 6
+
+
+def test_models_retrieve(server, tiny_long_dir):
+    import openai
+
+    url, _ = server
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    assert c.models.retrieve(str(tiny_long_dir)).id == str(tiny_long_dir)
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-9")

@@ -11,11 +11,13 @@ from typing import TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from warmpath.api.protocol import ApiError, error_body
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}
 DEADLINE_HEADER = "X-Deadline-Ms"
 
 
@@ -70,11 +72,24 @@ def session_key(headers, user) -> str | None:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Every error answered as the OpenAI error object: ApiError with its status, a validation error as 400
-    naming the field, anything else (a bug: logged with its traceback) as 500."""
+    naming the field, Starlette's own (no such route 404, wrong method 405, a body that does not parse 400) with
+    theirs, anything else (a bug: logged with its traceback) as 500."""
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError):
         return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        if e.status_code == 404:
+            message = f"Invalid URL ({request.method} {request.url.path})"  # OpenAI's words
+        elif e.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        elif e.status_code == 400:  # FastAPI could not read the body: not JSON, not UTF-8, nested too deep
+            message = "request body is not valid JSON"
+        else:
+            message = str(e.detail)
+        return JSONResponse(error_body(message), status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, e: Exception):
@@ -84,7 +99,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        # pydantic names the union member tried ("prompt.str", "prompt.list[int].0"): the field is what counts
+        loc = [str(x) for x in first.get("loc", ()) if x != "body" and str(x) not in _TYPE_NAMES and "[" not in str(x)]
         msg = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
             msg, loc = "request body is not valid JSON", []

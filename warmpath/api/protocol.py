@@ -1,11 +1,28 @@
-"""OpenAI-compatible request bodies (pydantic), the one chat-content rule, and the error object."""
+"""OpenAI-compatible request bodies (pydantic), the one chat-content rule, and the error object.
+
+Types are strict (`"stream": "yes"` or a token id `"7"` is a 400, not coerced). Unknown fields are ignored, as
+OpenAI clients send many we have no use for; but a known parameter we do not implement is refused by name
+unless it has its neutral value (UNSUPPORTED), never silently ignored.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_LOGPROBS = 20  # the engine's bound (engine/request.py), which this layer does not import
+
+# Parameter -> its neutral values: what clients send when they do not mean to use it.
+UNSUPPORTED = {
+    "best_of": (None, 1), "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0), "use_beam_search": (None, False),
+    "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "prediction": (None,), "audio": (None,),
+    "modalities": (None, ["text"]), "prompt_logprobs": (None,), "guided_json": (None,), "guided_regex": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,), "structured_outputs": (None,),
+}
 
 
 def encodable(v):
@@ -22,9 +39,12 @@ def encodable(v):
     return v
 
 
+def _neutral(value, neutral: tuple) -> bool:
+    return value is None or any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral)
+
+
 class SamplingFields(BaseModel):
-    # Unknown fields are ignored, as OpenAI clients send many we have no use for.
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -39,6 +59,29 @@ class SamplingFields(BaseModel):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     n: int = Field(default=1, ge=1, le=1)  # one choice per request: an editor wants one suggestion
     stream_options: dict | None = None
+    ignore_eos: bool = False  # vLLM's: generate max_tokens whatever the model's stop tokens (benchmarks use it)
+
+    @model_validator(mode="before")
+    @classmethod
+    def refuse_unsupported(cls, body):
+        if isinstance(body, dict):
+            for name, neutral in UNSUPPORTED.items():
+                if not _neutral(body.get(name), neutral):
+                    raise ApiError(400, f"{name} is not supported by this server", param=name,
+                                   code="unsupported_parameter")
+        return body
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per sampled token the answer reports; None: no logprobs."""
+        return None
+
+    @field_validator("stream_options")
+    @classmethod
+    def include_usage_bool(cls, v):
+        if v is not None and not isinstance(v.get("include_usage", False), bool):
+            raise ValueError("include_usage must be a boolean")
+        return v
 
     @field_validator("temperature", "top_p")
     @classmethod
@@ -66,6 +109,19 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     suffix: str | None = None
     max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = False  # the prompt's text before the completion's
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @model_validator(mode="after")
+    def echo_without_logprobs(self):
+        if self.echo and self.logprobs is not None:
+            raise ApiError(400, "echo with logprobs needs the prompt's logprobs, which are not supported", param="echo",
+                           code="unsupported_parameter")
+        return self
 
     @field_validator("prompt", "suffix")
     @classmethod
@@ -94,7 +150,7 @@ def content_text(content) -> str:
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict] | None = None
 
@@ -110,6 +166,19 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def needs_logprobs(cls, v, info):
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

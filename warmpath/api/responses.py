@@ -31,14 +31,16 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return body
 
 
-def choice(kind: str, text: str, finish: str | None, delta: bool = False, first: bool = False) -> dict:
+def choice(kind: str, text: str, finish: str | None, delta: bool = False, first: bool = False,
+           logprobs: dict | None = None) -> dict:
     """The one choice; for a chat stream (`delta`) the first chunk carries the role, later ones only text."""
     if kind == "completion":
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if delta:
         d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish}
 
 
 def envelope(kind: str, request_id: str, model: str | None, choices: list[dict], chunk: bool = False,
@@ -51,16 +53,17 @@ def envelope(kind: str, request_id: str, model: str | None, choices: list[dict],
 
 
 def answer(kind: str, request_id: str, model: str | None, text: str, finish: str | None, usage_: dict,
-           fim_mode: str | None = None) -> dict:
+           fim_mode: str | None = None, logprobs: dict | None = None) -> dict:
     """A whole (non-streamed) answer."""
-    return {**envelope(kind, request_id, model, [choice(kind, text, finish)], fim_mode=fim_mode), "usage": usage_}
+    return {**envelope(kind, request_id, model, [choice(kind, text, finish, logprobs=logprobs)], fim_mode=fim_mode),
+            "usage": usage_}
 
 
 def chunk(kind: str, request_id: str, model: str | None, text: str, finish: str | None, first: bool = False,
-          fim_mode: str | None = None) -> dict:
+          fim_mode: str | None = None, logprobs: dict | None = None) -> dict:
     """One streamed event's body."""
-    return envelope(kind, request_id, model, [choice(kind, text, finish, delta=True, first=first)], chunk=True,
-                    fim_mode=fim_mode)
+    return envelope(kind, request_id, model, [choice(kind, text, finish, delta=True, first=first, logprobs=logprobs)],
+                    chunk=True, fim_mode=fim_mode)
 
 
 def usage_chunk(kind: str, request_id: str, model: str | None, usage_: dict, fim_mode: str | None = None) -> dict:

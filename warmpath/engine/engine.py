@@ -20,7 +20,7 @@ from warmpath.engine.request import (
     SamplingParams,
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
-from warmpath.engine.sampler import make_generator, sample
+from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.kernels.native import ACTIVATIONS, NativeForward, NativeKernelError
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
@@ -198,6 +198,9 @@ class Engine:
             try:
                 logits = self.runner.forward(seqs)
                 tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+                for r, lp in zip(sampling, token_logprobs(logits, [r.params for r in sampling], tokens), strict=True):
+                    if lp is not None:
+                        r.output_logprobs.append(lp)
             except Exception as e:  # fail this step's requests, not the engine: the others keep running
                 log.exception("step failed; finishing its %d requests with an error", len(plan.chunks))
                 for c in plan.chunks:
@@ -218,6 +221,7 @@ class Engine:
 
     def _output(self, req: Request) -> RequestOutput:
         new = req.output_token_ids[req.num_sent_tokens :]
+        new_logprobs = req.output_logprobs[req.num_sent_tokens :] if req.params.logprobs is not None else None
         req.num_sent_tokens = len(req.output_token_ids)
         text = ""
         if req.finished:
@@ -230,6 +234,7 @@ class Engine:
             prompt_token_ids=req.prompt_token_ids,
             token_ids=list(req.output_token_ids),
             new_token_ids=new,
+            new_logprobs=new_logprobs,
             text=text,
             finished=req.finished,
             finish_reason=req.finish_reason,

@@ -30,6 +30,10 @@ class RequestStatus(enum.Enum):
 
 
 MIN_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit, vLLM's default)
+
+# A sampled token's log-probability and its top alternatives: (logprob, [(token_id, logprob), ...]).
+TokenLogprob = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -41,6 +45,8 @@ class SamplingParams:
     seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Report each sampled token's log-probability and this many top alternatives (0: its own only); None: off.
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -51,6 +57,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +103,7 @@ class Request:
     cache_salt: str | None = None  # mixed into its first block's hash: shares cached blocks only within a salt
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output, when params.logprobs is set
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of its full blocks so far
     num_computed_tokens: int = 0
@@ -127,6 +136,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None  # one per new token, when params.logprobs is set
     text: str
     finished: bool
     finish_reason: FinishReason | None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from warmpath.engine.request import SamplingParams
+from warmpath.engine.request import SamplingParams, TokenLogprob
 
 
 def make_generator(params: SamplingParams, default_seed: int, device: str = "cpu") -> torch.Generator | None:
@@ -44,4 +44,23 @@ def sample(
         row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p)
         probs = row.softmax(-1)
         out[i] = int(torch.multinomial(probs, 1, generator=g).item())
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]) -> list[TokenLogprob | None]:
+    """Per row: None unless its params ask for logprobs; else the sampled token's log-probability and the top
+    `params.logprobs` alternatives. Of the model's own distribution (log-softmax of the raw logits, before
+    temperature, top-k and top-p), as vLLM reports them by default: comparable across sampling settings."""
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    out: list[TokenLogprob | None] = [None] * len(params)
+    if not rows:
+        return out
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device)[:, None])[:, 0].tolist()
+    k = max(params[i].logprobs for i in rows)
+    top = torch.topk(lp, k, dim=-1) if k else None
+    ids, values = (top.indices.tolist(), top.values.tolist()) if top is not None else ([], [])
+    for j, i in enumerate(rows):
+        n = params[i].logprobs
+        out[i] = (chosen[j], list(zip(ids[j][:n], values[j][:n], strict=True)) if n else [])
     return out

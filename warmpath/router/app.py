@@ -47,6 +47,13 @@ async def models(request: Request):
                                        for m in _proxy(request).model_names()]}
 
 
+@routes.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request):
+    if model_id not in _proxy(request).model_names():
+        raise ApiError(404, f"model {model_id!r} does not exist", param="model", code="model_not_found")
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "warmpath"}
+
+
 @routes.get("/metrics")
 async def prometheus(request: Request):
     p = _proxy(request)

@@ -64,7 +64,7 @@ def read_request(path: str, raw: bytes, headers) -> Routed:
     deadline = parse_deadline(headers, time.monotonic())
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep: the node answers the 400
         body = None
     if not isinstance(body, dict):
         body = None

@@ -25,7 +25,10 @@ from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.server.jobs import Job, Jobs
+from warmpath.server.logprobs import LogprobFormatter
 from warmpath.server.prompts import PromptEncoder, SuffixCutter, detect_fim
+
+SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
 
 
 class Frontend:
@@ -39,6 +42,7 @@ class Frontend:
         self.tokenizer = engine.tokenizer
         self.fim = detect_fim(self.tokenizer)
         self.encoder = PromptEncoder(self.tokenizer, engine.max_model_len)
+        self.logprob_format = LogprobFormatter(self.tokenizer)
         self.model_name = config.served_model_name or engine.config.model
         self.accepted_names = {self.model_name, engine.config.model}
         if config.cache_isolation not in ("none", "key"):
@@ -76,6 +80,9 @@ class Frontend:
         job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens,
                              self.cache_salt(body, request))
         job.cutter, job.fim_mode = cutter, fim_mode
+        if body.echo:
+            job.echo = body.prompt if isinstance(body.prompt, str) else self.tokenizer.decode(prompt_ids)
+            job.text_offset = len(job.echo)
         return job
 
     async def chat_job(self, body: ChatRequest, request: Request, received: float) -> Job:
@@ -106,14 +113,26 @@ class Frontend:
             return Response(status_code=499)
         except EngineDeadError as e:
             raise ApiError(503, str(e), "server_error", code="engine_dead") from None
-        return self._answer(job, "" if job.finish_reason == "deadline" else job.text)  # late: silence
+        if job.finish_reason in SILENCE:  # late or refused: silence
+            return wire.answer(job.kind, job.request_id, self.model_name, "", job.finish_reason, job.usage(),
+                               job.fim_mode)
+        return wire.answer(job.kind, job.request_id, self.model_name, job.echo + job.text, job.finish_reason,
+                           job.usage(), job.fim_mode, self._logprobs(job))
 
-    def _answer(self, job: Job, text: str) -> dict:
-        return wire.answer(job.kind, job.request_id, self.model_name, text, job.finish_reason, job.usage(),
-                           job.fim_mode)
+    def _logprobs(self, job: Job) -> dict | None:
+        """The logprobs of the job's tokens not yet reported, in the answer's shape; None if not asked for."""
+        if job.params.logprobs is None:
+            return None
+        if job.kind == "chat":
+            return self.logprob_format.chat(job.take_logprobs())
+        view, job.text_offset = self.logprob_format.completion(job.take_logprobs(), job.text_offset)
+        return view
 
     def _chunk(self, job: Job, text: str, finish: str | None, first: bool = False) -> str:
-        return wire.sse(wire.chunk(job.kind, job.request_id, self.model_name, text, finish, first, job.fim_mode))
+        if first and finish not in SILENCE:
+            text = job.echo + text
+        return wire.sse(wire.chunk(job.kind, job.request_id, self.model_name, text, finish, first, job.fim_mode,
+                                   None if finish in SILENCE else self._logprobs(job)))
 
     async def _sse(self, job: Job, include_usage: bool):
         first = True
@@ -150,6 +169,14 @@ async def models(request: Request):
     f = _frontend(request)
     return {"object": "list", "data": [{"id": f.model_name, "object": "model", "created": 0,
                                         "owned_by": "warmpath", "max_model_len": f.engine.max_model_len}]}
+
+
+@routes.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request):
+    f = _frontend(request)
+    f.check_model(model_id)
+    return {"id": f.model_name, "object": "model", "created": 0, "owned_by": "warmpath",
+            "max_model_len": f.engine.max_model_len}
 
 
 @routes.get("/metrics")

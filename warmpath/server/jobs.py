@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline, session_key
 from warmpath.api.protocol import ApiError, SamplingFields
@@ -16,7 +16,7 @@ from warmpath.engine.async_engine import AsyncEngine
 from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
-from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams
+from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams, TokenLogprob
 from warmpath.server.prompts import SuffixCutter
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
@@ -43,9 +43,19 @@ class Job:
     num_cached: int = 0
     finish_reason: str | None = None
     first_token: float | None = None
+    echo: str = ""  # the prompt's text, put before the answer's (completions' `echo`)
+    logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  # with params.logprobs: per token
+    logprobs_taken: int = 0
+    text_offset: int = 0  # characters of the answer the logprobs taken so far cover
 
     def usage(self) -> dict:
         return usage(len(self.prompt_ids), self.num_generated, self.num_cached)
+
+    def take_logprobs(self) -> list[tuple[int, TokenLogprob]]:
+        """The logprobs of tokens not yet reported (for the next chunk)."""
+        new = self.logprobs[self.logprobs_taken :]
+        self.logprobs_taken = len(self.logprobs)
+        return new
 
 
 class Jobs:
@@ -66,7 +76,8 @@ class Jobs:
                            code="context_length_exceeded")
         try:
             params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                    top_k=body.top_k, seed=body.seed)
+                                    top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
+                                    logprobs=body.num_logprobs)
             self.engine.validate(prompt_ids, params)
         except (ValueError, PromptTooLongError) as e:
             raise ApiError(400, str(e), param="prompt") from None
@@ -137,6 +148,10 @@ class Jobs:
         if out.new_token_ids and job.first_token is None:
             job.first_token = time.monotonic()
         job.num_generated = len(out.token_ids)
+        if out.new_logprobs:
+            job.logprobs += zip(out.new_token_ids, out.new_logprobs, strict=True)
+            if out.finish_reason == FinishReason.STOP:
+                job.logprobs.pop()  # the stop token, which is not text
         delta = detok.add(out.new_token_ids)
         if out.finished:
             delta += detok.finish()
