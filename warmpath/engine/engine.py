@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 import torch
 
 from warmpath.config import EngineConfig
 from warmpath.engine.block_pool import BlockPool
+from warmpath.engine.plan import Plan, choose, single
+from warmpath.engine.plan_timing import load_or_measure
 from warmpath.engine.request import (
     FinishReason,
     PromptTooLongError,
@@ -22,7 +25,7 @@ from warmpath.engine.request import (
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
-from warmpath.kernels.native import ACTIVATIONS, NativeForward, NativeKernelError
+from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, load_library
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
@@ -54,40 +57,86 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     return dtypes[name]
 
 
+def wants_plan(config: EngineConfig) -> bool:
+    """A plan chooses the backends unless the config names them (a dtype, a kernel or its activations)."""
+    if config.plan != "auto":
+        return True
+    named = (config.dtype, config.kernel, config.kernel_activations) != ("auto", "auto", "auto")
+    return not named and config.device == "cpu"
+
+
+def native_available() -> bool:
+    try:
+        load_library()
+        return True
+    except NativeKernelError as e:
+        log.warning("native kernel unavailable, planning with torch alone: %s", e)
+        return False
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        self.dtype = resolve_dtype(config.dtype, config.device)
+        threads = config.num_threads or os.cpu_count() or 1
+        torch.set_num_threads(threads)
+        planned = wants_plan(config)
+        self.dtype = torch.float32 if planned else resolve_dtype(config.dtype, config.device)
         ckpt = load_checkpoint(config.model, self.dtype)
         self.model_config = ckpt.config
         self.tokenizer: Tokenizer = ckpt.tokenizer
-        model = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, self.dtype, config.device)
-        ckpt_quantized = ckpt.quantized
-        del ckpt
+        self.plan: Plan | None = None
+        if planned:
+            self.plan = self._make_plan(config, ckpt, threads)
+            self.dtype = torch.bfloat16 if self.plan.torch == "torch-bf16" else torch.float32
+        model = None
+        if self.plan is None or self.plan.torch is not None:
+            model = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, self.dtype, config.device)
         if config.gemv_dtype != "none":
             half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
-            if half is None or self.dtype != torch.float32:
-                raise ValueError(f"gemv_dtype must be none, float16 or bfloat16, for a float32 model; got "
-                                 f"{config.gemv_dtype!r} with {self.dtype}")
+            if half is None or model is None or self.dtype != torch.float32:
+                raise ValueError(f"gemv_dtype must be none, float16 or bfloat16, for a float32 torch model; got "
+                                 f"{config.gemv_dtype!r} with {self.dtype if model is not None else 'no torch model'}")
             model.keep_half_width_copies(half)
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
-        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        # Under a plan every backend shares one 16-bit cache (half the bytes per token of fp32).
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, torch.bfloat16 if self.plan else self.dtype)
         blocks = num_kv_blocks(config, self.model_config, self.kv_dtype)
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
-        native = self._native_forward(config, model, ckpt_quantized, kv)
-        del ckpt_quantized
+        if self.plan is not None:
+            native = None
+            if self.plan.native is not None:
+                native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, config.block_size,
+                                       activations=self.plan.native.removeprefix("native-"))
+        else:
+            native = self._native_forward(config, ckpt, kv)
+        del ckpt  # the kernel keeps its own copies of what it reads
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
-                                  config.num_decode_threads)
+                                  config.num_decode_threads, self.plan)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
 
-    def _native_forward(self, config: EngineConfig, model, quantized, kv) -> NativeForward | None:
+    def _make_plan(self, config: EngineConfig, ckpt, threads: int) -> Plan:
+        """The named plan, the plan file, or (auto) the plan measured on this machine for this model."""
+        if config.plan != "auto":
+            path = Path(config.plan).expanduser()
+            plan = Plan.load(path) if path.is_file() else single(config.plan)
+            how = f"from {path}" if path.is_file() else "named"
+            if path.is_file() and plan.timings:
+                plan = choose(plan.timings, config.allow_nondeterministic, plan.key)
+        else:
+            plan, how = load_or_measure(ckpt, threads, native_available(), config.allow_nondeterministic)
+        if not plan.deterministic and not config.allow_nondeterministic and config.plan == "auto":
+            log.warning("no deterministic backend here (no native kernel): greedy outputs may depend on batching")
+        log.info("plan: %s (%s), %s", " + ".join(plan.backends),
+                 "deterministic" if plan.deterministic else "nondeterministic", how)
+        return plan
+
+    def _native_forward(self, config: EngineConfig, ckpt, kv) -> NativeForward | None:
         """The native kernel when the config and the model allow it (which sequences it then computes is the
         runner's route())."""
         if config.kernel not in ("auto", "native", "torch"):
@@ -96,22 +145,24 @@ class Engine:
             raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
         if config.kernel == "torch":
             return None
-        usable = config.device == "cpu" and self.dtype == torch.float32
-        if config.kernel == "auto" and not usable:
+        # auto: the kernel beside a float32 model only (the kernel itself runs beside any model dtype)
+        if config.kernel == "auto" and not (config.device == "cpu" and self.dtype == torch.float32):
             return None
-        if not usable:
-            raise ValueError(f"kernel=native needs a float32 model on the CPU; got {self.dtype} on {config.device}")
+        if config.device != "cpu" or kv.dtype not in KV_TYPES:
+            raise ValueError(f"kernel=native needs the CPU and a float32, bfloat16 or float16 KV cache; got "
+                             f"{kv.dtype} on {config.device}")
         activations = config.kernel_activations
         if activations == "auto":
             activations = "int8" if config.dtype == "auto" else "fp32"
         try:
-            native = NativeForward(model, quantized, kv, config.block_size, activations=activations)
+            native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, config.block_size,
+                                   activations=activations)
         except NativeKernelError as e:
             if config.kernel == "native":
                 raise
             log.warning("native kernel unavailable, computing with torch: %s", e)
             return None
-        log.info("native kernel over %.0f MB of quantized weights, %s activations", native.weight_bytes / 1e6,
+        log.info("native kernel over %.0f MB of weights, %s activations", native.weight_bytes / 1e6,
                  activations)
         return native
 
