@@ -28,3 +28,15 @@ def test_auto_is_the_models_dtype_and_bad_values_are_refused(tiny_llama_dir):
     assert LLM(str(tiny_llama_dir), dtype="float32").engine.kv_dtype == torch.float32
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         LLM(str(tiny_llama_dir), dtype="float32", kv_cache_dtype="int4")
+
+
+def test_a_native_plan_holds_twice_the_blocks_of_the_fp32_native_path_and_reports_its_memory(tmp_path):
+    from tiny_model import write_tiny_gguf
+
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    fp32 = LLM(str(path), dtype="float32", kernel_activations="int8", kv_cache_memory=1 << 22).engine
+    planned = LLM(str(path), plan="native-int8", kv_cache_memory=1 << 22).engine
+    assert planned.pool.num_blocks == 2 * fp32.pool.num_blocks
+    stats = planned.stats()
+    assert stats["weight_bytes"] == planned.runner.native.weight_bytes  # no torch model beside the kernel
+    assert stats["kv_cache_bytes"] <= 1 << 22 and fp32.stats()["weight_bytes"] > stats["weight_bytes"]

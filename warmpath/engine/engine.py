@@ -3,6 +3,7 @@ computes, the sampler picks, the scheduler advances; outputs are reported as del
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -65,6 +66,19 @@ def wants_plan(config: EngineConfig) -> bool:
     return not named and config.device == "cpu"
 
 
+def _half_copies(model: LlamaForCausalLM) -> list[torch.Tensor]:
+    return [t for m in (model, *model.layers) for t in (m.half or {}).values()]
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed back to the OS (glibc keeps freed heap pages for reuse: a loaded checkpoint's fp32
+    copies would stay in the resident set after the engine dropped them)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass  # not glibc
+
+
 def native_available() -> bool:
     try:
         load_library()
@@ -113,9 +127,15 @@ class Engine:
         else:
             native = self._native_forward(config, ckpt, kv)
         del ckpt  # the kernel keeps its own copies of what it reads
+        release_freed_memory()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
+        self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
+            t.numel() * t.element_size() for t in [*model.parameters(), *_half_copies(model)]))
+        log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
+                 self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
+                 str(self.kv_dtype).removeprefix("torch."), blocks * config.block_size / 4096)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
@@ -311,4 +331,6 @@ class Engine:
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "num_steps": self.num_steps,
+            "weight_bytes": self.weight_bytes,
+            "kv_cache_bytes": self.runner.kv_cache.numel() * self.runner.kv_cache.element_size(),
         }

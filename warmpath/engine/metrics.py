@@ -39,6 +39,9 @@ class _EngineCollector(Collector):
             ("num_requests_waiting", s["num_waiting"], "Requests queued (new or preempted)"),
             ("kv_cache_usage_ratio", s["used_blocks"] / s["num_blocks"], "Share of KV blocks held by requests"),
             ("kv_cache_cached_blocks", s["cached_blocks"], "Blocks holding a reusable prefix"),
+            ("kv_cache_blocks", s["num_blocks"], "KV blocks in the pool"),
+            ("kv_cache_bytes", s["kv_cache_bytes"], "Bytes of the KV cache"),
+            ("weight_bytes", s["weight_bytes"], "Bytes of resident weights (every form a backend of the plan reads)"),
         ):
             g = GaugeMetricFamily(f"warmpath_{name}", doc)
             g.add_metric([], value)
