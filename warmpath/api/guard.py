@@ -46,7 +46,7 @@ class GuardMiddleware:
                 return await _refuse(401, "missing or wrong API key", scope, receive, send, "authentication_error",
                                      "invalid_api_key")
         try:
-            async with asyncio.timeout(getattr(self.config, "body_timeout", None)):
+            async with asyncio.timeout(self.config.body_timeout):
                 body = await _read_body(receive, limit)
         except _TooLarge:
             return await _refuse(413, f"request body over {limit} bytes", scope, receive, send)
