@@ -158,6 +158,8 @@ def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> 
         cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
         if name == "warmpath-fp32":
             cmd += ["--dtype", "float32"]
+        elif name == "warmpath-mixed":
+            cmd += ["--allow-nondeterministic"]
         elif name == "warmpath-torch":
             cmd += ["--dtype", "float32", "--kernel", "torch"]
         elif name == "warmpath-gemv16":
@@ -226,6 +228,8 @@ def main() -> None:
             results[name] = Warmpath(name).run(job)  # as it ships: dtype "auto"
         elif name == "warmpath-fp32":
             results[name] = Warmpath(name, dtype="float32").run(job)
+        elif name == "warmpath-mixed":  # the plan may mix a native and a torch backend
+            results[name] = Warmpath(name, allow_nondeterministic=True).run(job)
         elif name == "warmpath-torch":
             results[name] = Warmpath(name, dtype="float32", kernel="torch").run(job)
         elif name == "warmpath-gemv16":

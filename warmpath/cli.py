@@ -46,8 +46,7 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from warmpath.api import serving
     from warmpath.engine.engine import Engine
     from warmpath.server.app import create_app
 
@@ -67,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"({str(engine.kv_dtype).removeprefix('torch.')}), kernel: {kernel}", flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
-    uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level.lower(), access_log=False)
+    serving.run(app, server, args.log_level)  # under the config's connection limits
     return 0
 
 
@@ -88,8 +87,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from warmpath.api import serving
     from warmpath.router.app import create_router_app
 
     cfg = from_args(RouterConfig, args)
@@ -100,7 +98,7 @@ def cmd_route(args: argparse.Namespace) -> int:
         return 2
     print(f"routing on http://{cfg.host}:{cfg.port}/v1 ({cfg.policy}) to "
           f"{', '.join(f'{n.url} [{n.tier}]' for n in app.state.nodes.nodes.values())}", flush=True)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower(), access_log=False)
+    serving.run(app, cfg, args.log_level)
     return 0
 
 
