@@ -89,7 +89,19 @@ class EngineConfig:
 
 
 @dataclass
-class ServerConfig:
+class ConnectionLimits:
+    """What server and router both hold clients to (warmpath/api/serving.py runs uvicorn with them): a client
+    that keeps a connection without finishing its request is cut off, and none can hold unbounded many."""
+
+    header_timeout: float = 10.0  # seconds to send a request's headers (from connect, or after the last answer)
+    body_timeout: float = 30.0  # seconds to send a request's whole body; past it 408
+    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between two requests
+    max_connections: int = 1024  # connections past this are answered 503 and closed
+    max_header_bytes: int = 64 << 10  # request line and headers; larger: 431
+
+
+@dataclass
+class ServerConfig(ConnectionLimits):
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
@@ -100,17 +112,10 @@ class ServerConfig:
     # salt, so clients with different keys never share KV blocks nor see each other's hits; "none" shares the
     # cache across keys (a request's own `cache_salt` still keeps it apart).
     cache_isolation: str = "none"
-    # Connection limits (warmpath/api/serving.py runs uvicorn with them): a client that holds a connection
-    # without finishing its request is cut off, and no client can hold an unbounded number of them.
-    header_timeout: float = 10.0  # seconds to send a request's headers (from connect, or after the last answer)
-    body_timeout: float = 30.0  # seconds to send a request's whole body; past it 408
-    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between two requests
-    max_connections: int = 1024  # connections past this are answered 503 and closed
-    max_header_bytes: int = 64 << 10  # request line and headers; larger: 431
 
 
 @dataclass
-class RouterConfig:
+class RouterConfig(ConnectionLimits):
     host: str = "127.0.0.1"
     port: int = 8080
     # Upstreams: `node` for one pool; `tier NAME=URL,URL` (repeated, smallest model first) for model tiering.
@@ -138,13 +143,6 @@ class RouterConfig:
     first_byte_timeout: float = 60.0  # seconds from sending a streamed request to the node's first event
     response_timeout: float = 600.0  # seconds for a whole (non-streamed) answer, which comes all at once
     idle_timeout: float = 60.0  # seconds between two events of a stream
-    # Connection limits (warmpath/api/serving.py runs uvicorn with them): a client that holds a connection
-    # without finishing its request is cut off, and no client can hold an unbounded number of them.
-    header_timeout: float = 10.0  # seconds to send a request's headers (from connect, or after the last answer)
-    body_timeout: float = 30.0  # seconds to send a request's whole body; past it 408
-    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between two requests
-    max_connections: int = 1024  # connections past this are answered 503 and closed
-    max_header_bytes: int = 64 << 10  # request line and headers; larger: 431
 
 
 @dataclass
