@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.background import BackgroundTask
 
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, install_error_handlers, unless_disconnected
@@ -105,8 +106,10 @@ class Frontend:
         self.jobs.check_alive()
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
+            # The background task runs when the response is done, also when the client left before the stream
+            # started (the stream's own cleanup never ran then): the job is counted as the client's abort.
             return StreamingResponse(self._sse(job, include_usage), media_type="text/event-stream",
-                                     headers=wire.SSE_HEADERS)
+                                     headers=wire.SSE_HEADERS, background=BackgroundTask(self.jobs.record, job))
         try:  # not streamed: watch for the client going away while we compute
             await unless_disconnected(request, self.jobs.collect(job))
         except ClientGone:

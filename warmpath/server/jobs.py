@@ -42,6 +42,7 @@ class Job:
     num_generated: int = 0
     num_cached: int = 0
     finish_reason: str | None = None
+    recorded: bool = False  # in the metrics already (record() runs once per job)
     first_token: float | None = None
     echo: str = ""  # the prompt's text, put before the answer's (completions' `echo`)
     logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  # with params.logprobs: per token
@@ -160,6 +161,11 @@ class Jobs:
         return delta
 
     def record(self, job: Job) -> None:
+        """The job in the metrics, once, however it ended; a job with no finish reason was left by its client
+        (also one whose stream never started: the server calls this again when the response is done)."""
+        if job.recorded:
+            return
+        job.recorded = True
         m = self.metrics
         if job.finish_reason is None:  # the client went away
             m.aborted.labels("client").inc()
