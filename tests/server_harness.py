@@ -97,6 +97,25 @@ def serve_process(*args: str, timeout: float = 180.0):
                 proc.wait(timeout=30)
 
 
+def stream_then_signal(router_url: str, session: str, node: str, pid: int, sig: int) -> tuple[list[str], float]:
+    """A long streamed completion through the router to `node`; after its second event the node's process gets
+    `sig` (a kill, a freeze). Returns the stream's data payloads and when the signal was sent."""
+    import os
+
+    body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
+    events, sent = [], 0.0
+    with httpx.stream("POST", f"{router_url}/v1/completions", json=body, headers={"X-Session-Id": session},
+                      timeout=60) as r:
+        assert r.headers["x-warmpath-node"] == node
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 2:
+                    os.kill(pid, sig)
+                    sent = time.monotonic()
+    return events, sent
+
+
 def wait_for_step(app, condition, timeout: float = 60.0) -> None:
     """Block until condition(engine) holds after some engine step."""
     event = threading.Event()

@@ -6,12 +6,21 @@ auth exactly as on a node, /health and /metrics."""
 import asyncio
 import contextlib
 import json
-import os
 import signal
 
 import httpx
 import pytest
-from server_harness import CODE, counter, free_port, running_app, running_server, serve_process, total, wait_for_step
+from server_harness import (
+    CODE,
+    counter,
+    free_port,
+    running_app,
+    running_server,
+    serve_process,
+    stream_then_signal,
+    total,
+    wait_for_step,
+)
 from test_server import BAD
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
@@ -143,16 +152,7 @@ def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(tiny_long_d
                        "--num-threads", "1") as (node, proc):
         with router([node, *fleet], policy="session", health_interval=3600) as (rurl, _):
             dev = session_homed_on(node, [node, *fleet])
-            body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
-            with httpx.stream("POST", f"{rurl}/v1/completions", json=body, headers={"X-Session-Id": dev},
-                              timeout=60) as r:
-                assert r.headers["x-warmpath-node"] == node
-                events = []
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-                        if len(events) == 2:
-                            os.kill(proc.pid, signal.SIGKILL)  # the node dies mid-stream
+            events, _ = stream_then_signal(rurl, dev, node, proc.pid, signal.SIGKILL)  # the node dies mid-stream
             assert "[DONE]" not in events  # never a clean end
             last = json.loads(events[-1])
             assert last["error"]["code"] == "upstream_failed"

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from server_harness import CODE, counter, running_app, running_server, serve_process, total
+from server_harness import CODE, counter, running_app, running_server, serve_process, stream_then_signal, total
 from test_router import complete, session_homed_on
 from test_server_hardening import chunked_upload, raw_request
 
@@ -111,17 +111,7 @@ def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(t
             # health checks out of the way: the bounds alone (loose enough for the live nodes on a busy machine)
             with router(urls, policy="session", health_interval=3600, first_byte_timeout=3.0,
                         idle_timeout=2.0) as (rurl, _):
-                body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
-                with httpx.stream("POST", f"{rurl}/v1/completions", json=body, headers={"X-Session-Id": dev},
-                                  timeout=60) as r:
-                    assert r.headers["x-warmpath-node"] == node
-                    events = []
-                    for line in r.iter_lines():
-                        if line.startswith("data: "):
-                            events.append(line[6:])
-                            if len(events) == 2:
-                                os.kill(proc.pid, signal.SIGSTOP)
-                                frozen = time.monotonic()
+                events, frozen = stream_then_signal(rurl, dev, node, proc.pid, signal.SIGSTOP)
                 ended = time.monotonic() - frozen
                 assert ended < 8, ended  # ended by the idle bound, not by the thaw
                 assert "[DONE]" not in events and json.loads(events[-1])["error"]["code"] == "upstream_failed"
