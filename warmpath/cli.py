@@ -64,6 +64,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
           f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens "
           f"({str(engine.kv_dtype).removeprefix('torch.')}), kernel: {kernel}", flush=True)
+    kv_bytes = engine.stats()["kv_cache_bytes"]
+    print(f"memory: weights {engine.weight_bytes / 2**20:.0f} MiB + KV {kv_bytes / 2**20:.0f} MiB "
+          f"(~{engine.pool.num_blocks * cfg.block_size / 4096:.1f} warm 4k-token sessions)"
+          + (f", budget {cfg.memory_budget}" if cfg.memory_budget else ""), flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     serving.run(app, server, args.log_level)  # under the config's connection limits

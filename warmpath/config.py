@@ -50,8 +50,11 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" (bf16 where the CPU has it, else fp32), "float32", "bfloat16"
     device: str = "cpu"  # "cpu" or "cuda"
     block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # overrides kv_cache_memory when set
+    num_kv_blocks: int | None = None  # overrides memory_budget and kv_cache_memory when set
     kv_cache_memory: int = 1 << 30  # bytes of KV cache (bf16 SmolLM2: ~46k tokens per GiB)
+    # One budget for resident weights + the largest step's working buffers + KV (e.g. "2GiB"): the KV pool is what
+    # is left (models/footprint.py; `warmpath simulate` counts the same way). Replaces kv_cache_memory when set.
+    memory_budget: str | None = None
     kv_cache_dtype: str = "auto"  # the cache's own dtype: auto (the model's) | float32 | bfloat16 | float16
     max_model_len: int | None = None  # default: the model's context length
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
@@ -134,6 +137,7 @@ class RouterConfig(ConnectionLimits):
     cache_entries: int = 1024  # response cache (temperature 0 only); 0 turns it off
     cache_ttl: float = 300.0  # seconds a cached answer stays valid
     api_key: str | None = None  # clients must send it, as to a node; /health stays open
+    api_keys_file: str | None = None  # more accepted keys, one per line (# comments): one per tenant
     admin_key: str | None = None  # /admin/* (drain, node list) needs it; without one, /admin is off
     upstream_api_key: str | None = None  # sent to the nodes; default: the client's Authorization header
     max_body_bytes: int = 4 << 20

@@ -90,7 +90,7 @@ def test_memory_budget_sets_the_pool():
     p = get_profile("h100-llama3-8b")
     assert p.num_kv_blocks("int8") > p.num_kv_blocks("bfloat16") > 0
     per_block = 131072 * 16
-    assert p.num_kv_blocks("bfloat16") == (p.memory_bytes - p.weight_bytes("bfloat16")) // per_block
+    assert p.num_kv_blocks("bfloat16") == (p.memory_bytes - p.weight_bytes["bfloat16"]) // per_block
 
 
 def test_real_engine_and_simulator_give_every_common_turn_the_same_prefix_hit(tiny_long_dir):

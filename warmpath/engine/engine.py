@@ -27,6 +27,7 @@ from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, load_library
+from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
@@ -115,24 +116,26 @@ class Engine:
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         # Under a plan every backend shares one 16-bit cache (half the bytes per token of fp32).
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, torch.bfloat16 if self.plan else self.dtype)
-        blocks = num_kv_blocks(config, self.model_config, self.kv_dtype)
-        # The prefix-cache key names the model: blocks of different models never match.
-        self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
-        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
         if self.plan is not None:
             native = None
             if self.plan.native is not None:
-                native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, config.block_size,
+                native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
                                        activations=self.plan.native.removeprefix("native-"))
         else:
-            native = self._native_forward(config, ckpt, kv)
+            native = self._native_forward(config, ckpt)
         del ckpt  # the kernel keeps its own copies of what it reads
         release_freed_memory()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
+        self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
+            t.numel() * t.element_size() for t in [*model.parameters(), *_half_copies(model)]))
+        blocks = self._kv_blocks(config)
+        # The prefix-cache key names the model: blocks of different models never match.
+        self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
+        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
+        if native is not None:
+            native.attach_kv_cache(kv)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
-        self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
-            t.numel() * t.element_size() for t in [*model.parameters(), *_half_copies(model)]))
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
                  str(self.kv_dtype).removeprefix("torch."), blocks * config.block_size / 4096)
@@ -156,7 +159,16 @@ class Engine:
                  "deterministic" if plan.deterministic else "nondeterministic", how)
         return plan
 
-    def _native_forward(self, config: EngineConfig, ckpt, kv) -> NativeForward | None:
+    def _kv_blocks(self, config: EngineConfig) -> int:
+        """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and the largest
+        step's working buffers (models/footprint.py, the simulator's accounting too); else kv_cache_memory."""
+        per_block = self.model_config.kv_bytes_per_token(self.kv_dtype.itemsize) * config.block_size
+        if config.num_kv_blocks or not config.memory_budget:
+            return num_kv_blocks(config, self.model_config, self.kv_dtype)
+        working = working_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
+        return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working, per_block)
+
+    def _native_forward(self, config: EngineConfig, ckpt) -> NativeForward | None:
         """The native kernel when the config and the model allow it (which sequences it then computes is the
         runner's route())."""
         if config.kernel not in ("auto", "native", "torch"):
@@ -168,14 +180,14 @@ class Engine:
         # auto: the kernel beside a float32 model only (the kernel itself runs beside any model dtype)
         if config.kernel == "auto" and not (config.device == "cpu" and self.dtype == torch.float32):
             return None
-        if config.device != "cpu" or kv.dtype not in KV_TYPES:
+        if config.device != "cpu" or self.kv_dtype not in KV_TYPES:
             raise ValueError(f"kernel=native needs the CPU and a float32, bfloat16 or float16 KV cache; got "
-                             f"{kv.dtype} on {config.device}")
+                             f"{self.kv_dtype} on {config.device}")
         activations = config.kernel_activations
         if activations == "auto":
             activations = "int8" if config.dtype == "auto" else "fp32"
         try:
-            native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, config.block_size,
+            native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
                                    activations=activations)
         except NativeKernelError as e:
             if config.kernel == "native":
@@ -325,6 +337,7 @@ class Engine:
             "num_computed_tokens": s.num_computed_tokens,
             "num_evictions": pool.num_evictions,
             "num_blocks": pool.num_blocks,
+            "block_size": pool.block_size,
             "free_blocks": pool.num_free,
             "cached_blocks": len(pool.cached),
             "used_blocks": pool.num_used,

@@ -42,6 +42,8 @@ class _EngineCollector(Collector):
             ("kv_cache_blocks", s["num_blocks"], "KV blocks in the pool"),
             ("kv_cache_bytes", s["kv_cache_bytes"], "Bytes of the KV cache"),
             ("weight_bytes", s["weight_bytes"], "Bytes of resident weights (every form a backend of the plan reads)"),
+            ("kv_cache_warm_sessions_4k", s["num_blocks"] * s["block_size"] / 4096,
+             "4k-token sessions the KV pool holds at once"),
         ):
             g = GaugeMetricFamily(f"warmpath_{name}", doc)
             g.add_metric([], value)

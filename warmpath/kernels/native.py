@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from warmpath.config import ModelConfig, warmpath_home
+from warmpath.models.footprint import GROUP  # output rows per packed group: one AVX2 vector
 from warmpath.models.llama import rope_table
 from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_rows
 
@@ -116,7 +117,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-GROUP = 8  # output rows per packed group: one AVX2 vector
 
 
 def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
@@ -207,7 +207,7 @@ class NativeForward:
     """The forward pass of one model over one KV cache, in native code, on weights of its own."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], quantized: dict[str, QuantizedMatrix],
-                 kv_cache: torch.Tensor, block_size: int, weights_mode: str = "checkpoint",
+                 kv_cache: torch.Tensor | None, block_size: int, weights_mode: str = "checkpoint",
                  activations: str = "fp32"):
         """weights: the checkpoint's HF-named tensors, any float dtype (Checkpoint.weights); quantized: its
         Q4_1 / Q8_0 blocks (Checkpoint.quantized). The kernel keeps what it reads (packed matrices, fp32 norms,
@@ -218,20 +218,15 @@ class NativeForward:
         Q4_1 / Q8_0 products on int8-quantized activations, cpu/matmul.h "Int8 activations": faster, less precise;
         a model with neither, e.g. an fp32 HF directory, stays "fp32").
         kv_cache: [layers, 2, blocks, block_size, kv_heads, head_dim] of float32, bfloat16 or float16 on the CPU;
-        K/V are written rounded to its dtype as torch's .to() rounds."""
+        K/V are written rounded to its dtype as torch's .to() rounds. None: attach_kv_cache() before forward()."""
         cfg = config
         if weights_mode not in WEIGHTS_MODES:
             raise ValueError(f"weights_mode must be one of {WEIGHTS_MODES}, got {weights_mode!r}")
-        if kv_cache.dtype not in KV_TYPES or kv_cache.device.type != "cpu":
-            raise NativeKernelError(f"the native kernel needs a float32, bfloat16 or float16 KV cache on the CPU; "
-                                    f"got {kv_cache.dtype} on {kv_cache.device}")
-        shape = (cfg.num_layers, 2, kv_cache.shape[2], block_size, cfg.num_kv_heads, cfg.head_dim)
-        if tuple(kv_cache.shape) != shape or not kv_cache.is_contiguous():
-            raise NativeKernelError(f"KV cache of shape {tuple(kv_cache.shape)}, expected a contiguous {shape}")
         if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             raise NativeKernelError("unsupported attention shape for the native kernel")
         self.lib = load_library()
-        self.kv_cache = kv_cache
+        self.config, self.block_size = cfg, block_size
+        self.kv_cache: torch.Tensor | None = None
         self._keep: list[torch.Tensor] = []  # every tensor the C structs point into: what the kernel holds
         kinds: set[str] = set()
         uses_int8: list[bool] = []
@@ -287,7 +282,7 @@ class NativeForward:
         self._layers = layers
         self.model = Model(
             cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            cfg.vocab_size, block_size, cfg.max_position_embeddings, kv_cache.shape[2], KV_TYPES[kv_cache.dtype],
+            cfg.vocab_size, block_size, cfg.max_position_embeddings, 0, 0,
             cfg.rms_norm_eps, cfg.head_dim**-0.5, _ptr(embed), embed_blocks, norm.data_ptr(), rope.data_ptr(),
             layers, head,
         )
@@ -296,11 +291,27 @@ class NativeForward:
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
         self.activations = "int8" if any(uses_int8) else "fp32"  # what the products actually use
         self.vocab = cfg.vocab_size
+        if kv_cache is not None:
+            self.attach_kv_cache(kv_cache)
+
+    def attach_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """The cache the forward pass reads and writes (the engine sizes it after the weights are resident)."""
+        cfg = self.config
+        if kv_cache.dtype not in KV_TYPES or kv_cache.device.type != "cpu":
+            raise NativeKernelError(f"the native kernel needs a float32, bfloat16 or float16 KV cache on the CPU; "
+                                    f"got {kv_cache.dtype} on {kv_cache.device}")
+        shape = (cfg.num_layers, 2, kv_cache.shape[2], self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        if tuple(kv_cache.shape) != shape or not kv_cache.is_contiguous():
+            raise NativeKernelError(f"KV cache of shape {tuple(kv_cache.shape)}, expected a contiguous {shape}")
+        self.kv_cache = kv_cache
+        self.model.num_kv_blocks, self.model.kv_type = kv_cache.shape[2], KV_TYPES[kv_cache.dtype]
 
     def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """Sequence i computes its new tokens token_ids[i] at positions starts[i], starts[i] + 1, ... (starts[i]
         = tokens already cached) over block_tables[i]. Returns fp32 logits [len(token_ids), vocab], each
         sequence's last new token's."""
+        if self.kv_cache is None:
+            raise RuntimeError("no KV cache attached (attach_kv_cache)")
         n = len(token_ids)
         width = max(len(t) for t in block_tables)
         tables = torch.zeros(n, width, dtype=torch.int32)

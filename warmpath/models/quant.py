@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-BLOCK = 32
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+from warmpath.models.footprint import BLOCK, BLOCK_BYTES
+
+__all__ = ["BLOCK", "BLOCK_BYTES", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"]
 
 
 @dataclass

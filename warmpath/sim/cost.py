@@ -20,6 +20,7 @@ from pathlib import Path
 
 from warmpath.config import ModelConfig, warmpath_home
 from warmpath.engine.scheduler import SchedulerOutput
+from warmpath.models.footprint import kv_pool_blocks
 
 FEATURES = ("base", "per_token", "prefill_attention", "per_seq", "kv_read", "per_chunk")
 
@@ -72,25 +73,22 @@ class Profile:
 
     name: str
     model: ModelConfig
-    num_params: int
-    weight_bytes_per_param: dict[str, float]  # by weights dtype
+    weight_bytes: dict[str, int]  # resident weights by weights dtype (models/footprint.py for the CPU engine)
     kv_dtype_bytes: int
-    memory_bytes: int  # for weights + KV (what is left after activations and the runtime)
+    memory_bytes: int  # the memory budget: weights + working buffers + KV (the engine's memory_budget)
     cost: dict[str, CostModel]  # by weights dtype: fewer bytes per weight shorten the weight pass
     default_dtype: str
     block_size: int = 16
     max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    working_bytes: int = 0  # activations of the largest step (models/footprint.working_bytes for the CPU engine)
     sources: dict[str, str] = field(default_factory=dict)
 
-    def weight_bytes(self, dtype: str) -> int:
-        return int(self.num_params * self.weight_bytes_per_param[dtype])
-
     def num_kv_blocks(self, dtype: str | None = None, memory_bytes: int | None = None) -> int:
-        """The block pool that fits beside the weights in the memory budget."""
-        dtype = dtype or self.default_dtype
-        free = (memory_bytes or self.memory_bytes) - self.weight_bytes(dtype)
+        """The block pool that fits beside the weights in the memory budget, counted as the engine counts."""
         per_block = self.model.kv_bytes_per_token(self.kv_dtype_bytes) * self.block_size
-        return max(0, free // per_block)
+        return kv_pool_blocks(memory_bytes or self.memory_bytes, self.weight_bytes[dtype or self.default_dtype],
+                              self.working_bytes, per_block)
 
 
 def calibration_path(name: str) -> Path:

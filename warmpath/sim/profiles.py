@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from warmpath.config import ModelConfig
+from warmpath.models.footprint import weight_bytes, working_bytes
 from warmpath.sim.cost import CostModel, Profile, load_calibration
 
 GIB = 1 << 30
@@ -31,19 +32,25 @@ CPU_SMOLLM2_FP32 = CostModel(base=0.0679, per_token=0.00150, prefill_attention=9
 
 def _cpu_smollm2() -> Profile:
     fp32 = load_calibration("cpu-smollm2") or CPU_SMOLLM2_FP32
-    # int8 weights (not built for CPU yet): a weight pass of a quarter of the bytes, assumed to halve the fixed
-    # per-step cost (dequantisation eats the rest). An estimate for what-if sweeps, not a measurement.
+    # int8 weights (the native kernel's Q4_1 / Q8_0 blocks): a weight pass of a quarter of the bytes, assumed to
+    # halve the fixed per-step cost. bf16: the fp32 fit stands in (no bf16 fit yet). Estimates for what-if
+    # sweeps, not measurements; the memory accounting is the engine's own.
     int8 = CostModel(fp32.base * 0.5, fp32.per_token, fp32.prefill_attention, fp32.per_seq, fp32.kv_read,
                      fp32.per_chunk)
+    backends = {"float32": "torch-fp32", "bfloat16": "torch-bf16", "int8": "native-int8"}
     return Profile(
-        name="cpu-smollm2", model=SMOLLM2, num_params=134_515_008,
-        weight_bytes_per_param={"float32": 4, "int8": 1.06}, kv_dtype_bytes=4,
-        memory_bytes=int(1.5 * GIB), cost={"float32": fp32, "int8": int8}, default_dtype="float32",
-        max_num_batched_tokens=512,
-        sources={"model": "SmolLM2-135M-Instruct GGUF metadata (anchors.md)",
+        name="cpu-smollm2", model=SMOLLM2,
+        weight_bytes={d: weight_bytes(SMOLLM2, [b]) for d, b in backends.items()},
+        kv_dtype_bytes=2,  # under a plan every backend shares one bf16 KV cache
+        memory_bytes=int(1.5 * GIB), cost={"float32": fp32, "bfloat16": fp32, "int8": int8},
+        default_dtype="float32", max_num_batched_tokens=512,
+        working_bytes=working_bytes(SMOLLM2, 512, 64),
+        sources={"model": "SmolLM2-135M-Instruct GGUF metadata (anchors.md); the bundled file's Q4_1 matrices and "
+                          "Q8_0 embedding",
                  "cost": "fitted to the real engine" + ("" if load_calibration("cpu-smollm2") else
                                                          f" on {CPU_SMOLLM2_MEASURED} (built-in)"),
-                 "memory": "1.5 GiB for weights + KV: the server's default 1 GiB KV pool beside fp32 weights"})
+                 "memory": "a 1.5 GiB memory budget (weights + working buffers + bf16 KV), counted as the engine's "
+                           "--memory-budget counts (models/footprint.py)"})
 
 
 def _h100_llama3_8b() -> Profile:
@@ -61,8 +68,8 @@ def _h100_llama3_8b() -> Profile:
             kv_read=kv_bytes / hbm_bw,  # each decode reads its K/V once
         )
     return Profile(
-        name="h100-llama3-8b", model=LLAMA3_8B, num_params=int(params),
-        weight_bytes_per_param={"bfloat16": 2, "int8": 1.03}, kv_dtype_bytes=2,
+        name="h100-llama3-8b", model=LLAMA3_8B,
+        weight_bytes={"bfloat16": int(2 * params), "int8": int(1.03 * params)}, kv_dtype_bytes=2,
         memory_bytes=int(72 * GIB),  # 80 GB HBM less ~8 GB activations, CUDA context and allocator slack
         cost={"bfloat16": cost(2 * params), "int8": cost(1.03 * params)}, default_dtype="bfloat16",
         max_num_batched_tokens=2048,
