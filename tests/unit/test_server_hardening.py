@@ -354,6 +354,28 @@ def test_completion_logprobs_echo_and_streaming_agree(server):
     assert "".join(c["text"] for e in events for c in e["choices"]) == CODE + whole["choices"][0]["text"]
 
 
+def test_logprobs_stop_where_a_stop_string_cuts_the_text(server):
+    """The tokens reported spell the answer: none that starts after the cut, streamed or not."""
+    url, _ = server
+    body = {"prompt": CODE, "max_tokens": 12, "temperature": 0, "logprobs": 1}
+    full = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    tokens, offsets, text = full["logprobs"]["tokens"], full["logprobs"]["text_offset"], full["text"]
+    # a stop string over two tokens that first appears where token k starts: the answer is the text of tokens[:k]
+    k = next(k for k in range(2, len(tokens) - 2) if offsets[k - 1] < offsets[k] < offsets[k + 1] < len(text)
+             and text.find(text[offsets[k] : offsets[k + 1] + 1]) == offsets[k])
+    stop = text[offsets[k] : offsets[k + 1] + 1]
+    for stream in (False, True):
+        r = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop], "stream": stream}, timeout=60)
+        if stream:
+            events = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")]
+            text = "".join(c["text"] for e in events for c in e["choices"])
+            got = [t for e in events for c in e["choices"] if c["logprobs"] for t in c["logprobs"]["tokens"]]
+        else:
+            choice = r.json()["choices"][0]
+            text, got = choice["text"], choice["logprobs"]["tokens"]
+        assert text == full["text"][: offsets[k]] and got == tokens[:k], (stream, text, got)
+
+
 def test_chat_logprobs(server):
     url, _ = server
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0, "logprobs": True,

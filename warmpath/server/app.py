@@ -127,8 +127,9 @@ class Frontend:
         if job.params.logprobs is None:
             return None
         if job.kind == "chat":
-            return self.logprob_format.chat(job.take_logprobs())
-        view, job.text_offset = self.logprob_format.completion(job.take_logprobs(), job.text_offset)
+            return self.logprob_format.chat(job.take_logprobs(self.logprob_format.num_chars))
+        entries = job.take_logprobs(self.logprob_format.num_chars)
+        view, job.text_offset = self.logprob_format.completion(entries, job.text_offset)
         return view
 
     def _chunk(self, job: Job, text: str, finish: str | None, first: bool = False) -> str:

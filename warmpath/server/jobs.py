@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline, session_key
@@ -48,14 +48,23 @@ class Job:
     logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  # with params.logprobs: per token
     logprobs_taken: int = 0
     text_offset: int = 0  # characters of the answer the logprobs taken so far cover
+    logprob_chars: int = 0  # characters of the answer's text the tokens taken so far spell
+    cut: bool = False  # a stop string or the suffix cutter ended the text: tokens after the cut are not reported
 
     def usage(self) -> dict:
         return usage(len(self.prompt_ids), self.num_generated, self.num_cached)
 
-    def take_logprobs(self) -> list[tuple[int, TokenLogprob]]:
-        """The logprobs of tokens not yet reported (for the next chunk)."""
-        new = self.logprobs[self.logprobs_taken :]
-        self.logprobs_taken = len(self.logprobs)
+    def take_logprobs(self, num_chars: Callable[[int], int]) -> list[tuple[int, TokenLogprob]]:
+        """The logprobs of tokens not yet reported whose text has been shown (for the next chunk): a token whose
+        text is held back (it may begin a stop string) waits, and one that starts after a stop string's cut is
+        never reported. A finished answer that was not cut reports every token. num_chars: a token's characters."""
+        everything = self.finish_reason is not None and not self.cut
+        new = []
+        while self.logprobs_taken < len(self.logprobs) and (everything or self.logprob_chars < len(self.text)):
+            entry = self.logprobs[self.logprobs_taken]
+            new.append(entry)
+            self.logprobs_taken += 1
+            self.logprob_chars += num_chars(entry[0])
         return new
 
 
@@ -125,7 +134,7 @@ class Jobs:
                     job.text += delta
                     yield delta
                 if detok.stopped or (job.cutter and job.cutter.cut):
-                    job.finish_reason = "stop"
+                    job.finish_reason, job.cut = "stop", True
                     return
                 if out.finished:
                     job.finish_reason = "stop" if detok.stopped else _FINISH[out.finish_reason]

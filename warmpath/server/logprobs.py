@@ -46,6 +46,10 @@ class LogprobFormatter:
             self._bytes[token_id] = b
         return b
 
+    def num_chars(self, token_id: int) -> int:
+        """Characters the token adds to the text: every byte but UTF-8 continuations."""
+        return sum(1 for x in self.token_bytes(token_id) if x & 0xC0 != 0x80)
+
     @staticmethod
     def name(b: bytes) -> str:
         try:
@@ -66,7 +70,7 @@ class LogprobFormatter:
             top.setdefault(name, max(lp, FLOOR))  # the sampled token is always listed (as vLLM does)
             tops.append(top)
             offsets.append(offset)
-            offset += sum(1 for x in b if x & 0xC0 != 0x80)  # characters: every byte but UTF-8 continuations
+            offset += self.num_chars(token_id)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}, offset
 
     def chat(self, entries: list[tuple[int, TokenLogprob]]) -> dict:
