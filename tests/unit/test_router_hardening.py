@@ -64,6 +64,24 @@ def test_the_cache_never_answers_a_credential_the_node_would_refuse(keyed_node, 
         assert r.status_code == 200 and "x-warmpath-cache" not in r.headers
 
 
+def test_the_router_takes_one_key_per_tenant_from_a_file(keyed_node, tmp_path):
+    """The router checks its own keys (a file, one per tenant) and sends the nodes theirs; each tenant's cached
+    answers are its own."""
+    node, _ = keyed_node
+    keys = tmp_path / "keys"
+    keys.write_text("# tenants\ntenant-a\ntenant-b  # the second team\n")
+    body = {"prompt": CODE, "max_tokens": 4, "temperature": 0}
+    with router([node], api_keys_file=str(keys), upstream_api_key="node-key") as (rurl, _):
+        url = f"{rurl}/v1/completions"
+        for key in ("tenant-a", "tenant-b"):
+            r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+            assert r.status_code == 200 and "x-warmpath-cache" not in r.headers, key  # b never sees a's entry
+        r = httpx.post(url, json=body, headers={"Authorization": "Bearer tenant-a"}, timeout=60)
+        assert r.headers.get("x-warmpath-cache") == "hit"
+        for headers in ({}, {"Authorization": "Bearer node-key"}, {"Authorization": "Bearer # tenants"}):
+            assert httpx.post(url, json=body, headers=headers, timeout=60).status_code == 401, headers
+
+
 def test_the_body_limit_counts_bytes_received_through_the_router(keyed_node):
     node, _ = keyed_node
     with router([node], max_body_bytes=1 << 20) as (rurl, _):

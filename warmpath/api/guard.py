@@ -60,9 +60,8 @@ class GuardMiddleware:
 def accepted_keys(config) -> list[str]:
     """The API keys a request may carry: `api_key`, plus one per line of `api_keys_file` (# comments)."""
     keys = [config.api_key] if config.api_key else []
-    path = getattr(config, "api_keys_file", None)
-    if path:
-        with open(path) as f:
+    if config.api_keys_file:
+        with open(config.api_keys_file) as f:
             keys += [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
     return keys
 
