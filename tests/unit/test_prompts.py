@@ -5,7 +5,7 @@ from tiny_model import CHAT_TEMPLATE, tiny_tokenizer
 from tokenizers import AddedToken
 
 from warmpath.models.tokenizer import Tokenizer
-from warmpath.server.prompts import SuffixCutter, detect_fim, render_chat
+from warmpath.server.prompts import SuffixCutter, detect_fim, fim_stop_ids, render_chat, repo_context
 
 
 def tokenizer_with(*special: str) -> Tokenizer:
@@ -54,3 +54,46 @@ def test_chat_template_renders_with_generation_prompt():
     no_template.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         render_chat(no_template, [{"role": "user", "content": "hi"}])
+
+
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+STAR_FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<repo_name>", "<file_sep>")
+FILES = [{"filename": "src/b.py", "text": "def b():\n    return 2\n"}, {"filename": "src/a.py", "text": "A = 1"}]
+
+
+def test_qwen_repo_context_before_the_prefix_sorted_and_stable():
+    tok = tokenizer_with(*QWEN_FIM)
+    fim = detect_fim(tok)
+    ctx = repo_context(FILES, fim, repo="demo", current_file="src/main.py")
+    assert ctx == ("<|repo_name|>demo\n<|file_sep|>src/a.py\nA = 1\n<|file_sep|>src/b.py\ndef b():\n    return 2\n"
+                   "<|file_sep|>src/main.py\n")
+    assert repo_context(list(reversed(FILES)) + FILES[:1], fim, repo="demo", current_file="src/main.py") == ctx
+    prompt = fim.build("x = ", "\n", ctx)
+    assert prompt == ctx + "<|fim_prefix|>x = <|fim_suffix|>\n<|fim_middle|>"
+    # The context's tokens are a prefix of the prompt's whatever the prefix: the prefix cache keeps them.
+    ctx_ids = tok.encode(ctx)
+    for prefix in ("x = ", "\n\nx = 1", "  def"):
+        assert tok.encode(fim.build(prefix, "\n", ctx))[: len(ctx_ids)] == ctx_ids
+    assert repo_context([], fim, repo="demo") == ""
+
+
+def test_starcoder2_repo_context_and_starcoder1_without_file_sep():
+    fim = detect_fim(tokenizer_with(*STAR_FIM))
+    assert repo_context(FILES[1:], fim, repo="demo", current_file="m.py") == (
+        "<repo_name>demo<file_sep>src/a.py\nA = 1\n<file_sep>m.py\n")
+    assert repo_context(FILES[1:], fim) == "<file_sep>src/a.py\nA = 1\n<file_sep>\n"  # no repo name: no header
+    v1 = detect_fim(tokenizer_with("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+    assert v1.name == "starcoder" and v1.file_sep is None
+    assert repo_context(FILES[1:], v1, repo="demo") == "src/a.py\nA = 1\n"
+
+
+def test_deepseek_context_inside_the_hole_file_and_stop_ids():
+    tok = tokenizer_with("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>")
+    fim = detect_fim(tok)
+    built = fim.build("P", "S", repo_context(FILES[1:], fim))
+    assert built == "<｜fim▁begin｜>src/a.py\nA = 1\nP<｜fim▁hole｜>S<｜fim▁end｜>"
+    assert fim_stop_ids(tok, fim) == sorted(tok.token_to_id(t) for t in ("<｜fim▁begin｜>", "<｜fim▁hole｜>",
+                                                                          "<｜fim▁end｜>"))
+    qwen = tokenizer_with(*QWEN_FIM)
+    assert {qwen.id_to_token(i) for i in fim_stop_ids(qwen, detect_fim(qwen))} == {
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>", *QWEN_FIM}

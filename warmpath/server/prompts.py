@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
@@ -24,29 +25,95 @@ from warmpath.models.tokenizer import Tokenizer
 class FimTemplate:
     name: str
     tokens: tuple[str, ...]  # special tokens whose presence identifies the family
-    layout: str  # "{prefix}" / "{suffix}" placeholders around the special tokens
+    layout: str  # "{context}" / "{prefix}" / "{suffix}" placeholders around the special tokens
+    # Special tokens that end a completion of this family (a marker the model emits means it left the hole:
+    # another file, another hole, padding). They are stop token ids and, spelled out in text, stop strings.
+    stops: tuple[str, ...] = ()
+    repo_header: str | None = None  # how the family names the repository ("{repo}" placeholder)
+    file_sep: str | None = None  # the family's file separator token; None: other files go in as plain text
 
-    def build(self, prefix: str, suffix: str) -> str:
-        return self.layout.replace("{prefix}", prefix).replace("{suffix}", suffix)
+    def build(self, prefix: str, suffix: str, context: str = "") -> str:
+        """The prompt: `context` (repo_context()) where the family reads it, always ahead of the prefix."""
+        return self.layout.replace("{context}", context).replace("{prefix}", prefix).replace("{suffix}", suffix)
 
 
 FIM_TEMPLATES = (
     FimTemplate("qwen2.5-coder", ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
-                "<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"),
+                "{context}<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
+                ("<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>",
+                 "<|repo_name|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>"),
+                "<|repo_name|>{repo}\n", "<|file_sep|>"),
     FimTemplate("starcoder", ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-                "<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>"),
+                "{context}<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
+                ("<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>",
+                 "<repo_name>", "<filename>"),
+                "<repo_name>{repo}", "<file_sep>"),  # StarCoder2 (StarCoder 1 has no <file_sep>)
+    # DeepSeek-Coder reads other files as plain text at the start of the hole's file (its README's form).
     FimTemplate("deepseek-coder", ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-                "<｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>"),
-    FimTemplate("codestral", ("[SUFFIX]", "[PREFIX]"), "[SUFFIX]{suffix}[PREFIX]{prefix}"),  # suffix first
+                "<｜fim▁begin｜>{context}{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
+                ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", "<｜end▁of▁sentence｜>", "<|EOT|>")),
+    FimTemplate("codestral", ("[SUFFIX]", "[PREFIX]"), "{context}[SUFFIX]{suffix}[PREFIX]{prefix}",  # suffix first
+                ("[PREFIX]", "[SUFFIX]", "[MIDDLE]", "</s>")),
 )
 
 
+@dataclass(frozen=True)
+class ContextFile:
+    """A file of repository-level context: a path and its text (llama.vim's `input_extra` chunk)."""
+
+    filename: str
+    text: str
+
+
+def repo_context(extra: Sequence[ContextFile | Mapping[str, str]], template: FimTemplate | None,
+                 repo: str = "", current_file: str = "") -> str:
+    """Other files of the repository as the family's FIM prompt reads them, for FimTemplate.build(context=).
+
+    Sorted by filename (then text), duplicates dropped: the same set of files gives the same bytes however the
+    client orders it, so the context, which comes before the prefix, stays in the prefix cache from keystroke to
+    keystroke. With a file separator it ends in one (`<|file_sep|>{current}\n` then the FIM marker): its tokens
+    never depend on the prefix after it. Special-token strings in the files are read as special, as in the prompt.
+    Qwen2.5-Coder: `<|repo_name|>{repo}\n<|file_sep|>{path}\n{text}` per file, then `<|file_sep|>{current}\n`
+    (the hole's own file); StarCoder2: `<repo_name>{repo}<file_sep>{path}\n{text}...<file_sep>{current}\n`;
+    families without a file separator: `{path}\n{text}` blocks. No repo name: no repository header. No files: ""
+    (the plain FIM prompt)."""
+    files = sorted({f if isinstance(f, ContextFile) else ContextFile(f.get("filename") or "", f.get("text") or "")
+                    for f in extra}, key=lambda f: (f.filename, f.text))
+    files = [f for f in files if f.text or f.filename]
+    if not files:
+        return ""
+    body = [f"{f.filename}\n{_ends_line(f.text)}" for f in files]
+    if template is None or template.file_sep is None:
+        return "".join(body)
+    sep = template.file_sep
+    head = template.repo_header.replace("{repo}", repo) if template.repo_header and repo else ""
+    return head + "".join(sep + b for b in body) + f"{sep}{current_file}\n"
+
+
+def _ends_line(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
 def detect_fim(tokenizer: Tokenizer) -> FimTemplate | None:
-    """The FIM template whose special tokens this tokenizer has, or None (complete from the prefix)."""
+    """The FIM template whose special tokens this tokenizer has, or None (complete from the prefix). Repo-level
+    markers the vocabulary lacks (StarCoder 1 has no <file_sep>) are dropped: other files then go in as text."""
+    def has(tok: str) -> bool:
+        return tok in tokenizer.special_tokens or tokenizer.token_to_id(tok) is not None
+
     for t in FIM_TEMPLATES:
-        if all(tok in tokenizer.special_tokens or tokenizer.token_to_id(tok) is not None for tok in t.tokens):
+        if all(has(tok) for tok in t.tokens):
+            if t.file_sep and not has(t.file_sep):
+                return replace(t, file_sep=None, repo_header=None)
+            if t.repo_header and not has(t.repo_header.split("{repo}")[0]):
+                return replace(t, repo_header=None)
             return t
     return None
+
+
+def fim_stop_ids(tokenizer: Tokenizer, template: FimTemplate) -> list[int]:
+    """The ids of the family's stop tokens this vocabulary has (each a single token)."""
+    ids = (tokenizer.token_to_id(t) for t in template.stops)
+    return sorted({i for i in ids if i is not None})
 
 
 class SuffixCutter:
