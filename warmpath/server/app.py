@@ -25,6 +25,8 @@ from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
+from warmpath.server import editor_routes
+from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
 from warmpath.server.logprobs import LogprobFormatter
 from warmpath.server.prompts import PromptEncoder, SuffixCutter, detect_fim
@@ -210,9 +212,11 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="warmpath", lifespan=lifespan)
     app.state.frontend = frontend
+    app.state.editors = Editors(frontend)
     app.state.http_config = frontend.config  # its connection limits: api/serving.py
     app.state.engine, app.state.async_engine, app.state.metrics = engine, frontend.async_engine, frontend.metrics
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, config=frontend.config)
     app.include_router(routes)
+    app.include_router(editor_routes.routes)
     return app

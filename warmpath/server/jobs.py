@@ -50,6 +50,12 @@ class Job:
     text_offset: int = 0  # characters of the answer the logprobs taken so far cover
     logprob_chars: int = 0  # characters of the answer's text the tokens taken so far spell
     cut: bool = False  # a stop string or the suffix cutter ended the text: tokens after the cut are not reported
+    # Editor protocols (server/editors.py): llama.cpp's limits and the warm-up.
+    prompt_deadline: float | None = None  # no first token by then: silence (t_max_prompt_ms)
+    predict_s: float | None = None  # this long after the first token, end at the first newline (t_max_predict_ms)
+    warmup: bool = False  # only fill the prefix cache: the one token generated is not reported
+    newline: bool = False  # a newline has been generated (before any cutter held it back)
+    truncated: bool = False  # repository context or prefix was left out to fit the context
 
     def usage(self) -> dict:
         return usage(len(self.prompt_ids), self.num_generated, self.num_cached)
@@ -122,9 +128,8 @@ class Jobs:
                                          job.cache_salt)
         try:
             while True:
-                timeout = None if job.deadline is None else max(0.0, job.deadline - time.monotonic())
                 try:
-                    out = await asyncio.wait_for(anext(gen), timeout)
+                    out = await asyncio.wait_for(anext(gen), self._timeout(job))
                 except (TimeoutError, StopAsyncIteration):
                     job.finish_reason = "deadline"
                     self.metrics.aborted.labels("deadline").inc()
@@ -141,6 +146,15 @@ class Jobs:
                     if job.finish_reason == "deadline":
                         self.metrics.aborted.labels("deadline").inc()
                     return
+                if job.predict_s is not None and job.newline and time.monotonic() - job.first_token > job.predict_s:
+                    # llama.cpp's t_max_predict_ms: past the budget, a completion that has a newline ends here
+                    rest = detok.finish()
+                    rest = job.cutter.feed(rest, final=True) if job.cutter else rest
+                    if rest and not job.warmup:
+                        job.text += rest
+                        yield rest
+                    job.finish_reason = "length"
+                    return
         finally:
             await gen.aclose()  # aborts the request in the engine unless it finished
             self.async_engine.unreserve(job.request_id)
@@ -150,6 +164,12 @@ class Jobs:
         """Runs the job to its end; its text is in job.text."""
         async for _ in self.run(job):
             pass
+
+    @staticmethod
+    def _timeout(job: Job) -> float | None:
+        """Seconds until the job's next deadline: its own, and before its first token the prompt phase's."""
+        ends = [d for d in (job.deadline, job.prompt_deadline if job.first_token is None else None) if d is not None]
+        return None if not ends else max(0.0, min(ends) - time.monotonic())
 
     @staticmethod
     def _take(job: Job, out: RequestOutput, detok: IncrementalDetokenizer) -> str:
@@ -165,6 +185,9 @@ class Jobs:
         delta = detok.add(out.new_token_ids)
         if out.finished:
             delta += detok.finish()
+        if job.warmup:
+            return ""
+        job.newline = job.newline or "\n" in delta
         if job.cutter:
             delta = job.cutter.feed(delta, final=out.finished or detok.stopped)
         return delta

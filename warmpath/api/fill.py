@@ -1,0 +1,112 @@
+"""The one request shape every editor protocol translates to, and what running it gives back.
+
+A protocol (llama.cpp `/infill`, Ollama, Mistral FIM, Tabby: one small file each in api/) turns its body into a
+`Fill` (prefix, suffix, repository context, limits, session hints) and an `Outcome` back into its own answer,
+stream event or "nothing" (silence past the deadline is an Outcome with empty text). The server runs a Fill;
+the router reads one to route the request and answers a protocol's silence itself. So every protocol gets the
+same behaviour: FIM or prefix-only, the prefix cache, deadlines, cancellation, sessions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from warmpath.api.protocol import ApiError
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A piece of repository context (another file, a yanked chunk), placed before the prefix."""
+
+    filename: str
+    text: str
+
+
+@dataclass
+class Fill:
+    """Fill in the middle: the model writes what goes between `prefix + middle` and `suffix`.
+
+    `middle` is the cursor's line so far (llama.cpp's `prompt`): rendered last, after the FIM middle marker, so
+    everything before it stays in the prefix cache while the developer types along one line.
+    """
+
+    prefix: str
+    suffix: str | None = None  # None: a plain completion of the prefix
+    middle: str = ""
+    extra: list[Extra] = field(default_factory=list)  # in the client's order (stable keystroke to keystroke)
+    chat: bool = False  # the prefix is a user turn for the model's chat template (Ollama's generate, not raw)
+    system: str | None = None  # that turn's system message
+    max_tokens: int | None = None  # None: up to the context; 0: only fill the cache (the warm-up)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    model: str | None = None
+    user: str | None = None  # the protocol's user field: a session key when no X-Session-Id is sent
+    prompt_ms: float | None = None  # no first token within this: silence (llama.cpp's t_max_prompt_ms)
+    predict_ms: float | None = None  # past this since the first token, end at a newline (t_max_predict_ms)
+    n_indent: int = 0  # end before a new line indented less than this (llama.cpp's n_indent)
+    options: dict = field(default_factory=dict)  # the protocol's own answer options (llama.cpp's response_fields)
+    # What Jobs.make reads from an OpenAI body too.
+    cache_salt: str | None = None
+    ignore_eos: bool = False
+    num_logprobs: int | None = None
+
+    def routing_text(self) -> str:
+        """What the router's prefix policy hashes: the parts in the order the server renders them (context,
+        prefix, line), so requests that share a rendered prefix share a routing prefix."""
+        context = "".join(f"{e.filename}\x1f{e.text}\x1e" for e in self.extra)
+        return context + self.prefix + self.middle
+
+
+@dataclass
+class Outcome:
+    """A run's result as every protocol reports it. `finish`: stop | length | deadline | overloaded | error."""
+
+    text: str = ""
+    finish: str = "deadline"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_s: float = 0.0  # receipt to first token (or to the end, with none)
+    predict_s: float = 0.0  # first token to the end
+    truncated: bool = False  # the context did not fit: some repository context or prefix was left out
+
+    @property
+    def silent(self) -> bool:
+        return self.finish in ("deadline", "overloaded")
+
+
+def compact(payload) -> bytes:
+    """JSON with no spaces: llama.vim takes a reply only if it matches `"content":"` (no space after the colon)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def validation_message(e: ValidationError) -> tuple[str, str | None]:
+    """The first error of a body's validation as (message, field)."""
+    first = e.errors()[0] if e.errors() else {}
+    loc = ".".join(str(x) for x in first.get("loc", ()) if not str(x).startswith(("function-", "list[", "dict[")))
+    return (f"{loc}: " if loc else "") + first.get("msg", "invalid request"), loc or None
+
+
+def parse_json(raw: bytes, error) -> dict:
+    """The body as a JSON object, or `error(400, message)` (the protocol's own shape) raised."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise error(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise error(400, "request body must be a JSON object")
+    return body
+
+
+def shaped(status: int, body: dict) -> ApiError:
+    """An ApiError answered with `body` as it is: a protocol's own error shape (see asgi.install_error_handlers)."""
+    e = ApiError(status, "")
+    e.body, e.shaped = body, True  # shaped: already the protocol's (server/editors.py converts the others)
+    return e
