@@ -97,3 +97,11 @@ def test_deepseek_context_inside_the_hole_file_and_stop_ids():
     qwen = tokenizer_with(*QWEN_FIM)
     assert {qwen.id_to_token(i) for i in fim_stop_ids(qwen, detect_fim(qwen))} == {
         "<|endoftext|>", "<|im_start|>", "<|im_end|>", *QWEN_FIM}
+
+
+def test_suffix_cutter_holds_back_only_what_could_become_the_suffix_line():
+    cut = SuffixCutter("    return total\n")
+    assert cut.feed("    total") == "    total"  # cannot become "return total": shown at once, not at the newline
+    assert cut.feed(" = 0\n    re") == " = 0\n"  # "    re" may still be the suffix's line: held
+    assert cut.feed("sult = 1") == "    result = 1" and not cut.cut  # it was not: released
+    assert cut.feed("\n    return total  ") == "\n" and cut.feed("\n") == "" and cut.cut
