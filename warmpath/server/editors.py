@@ -42,6 +42,9 @@ class Editors:
             fill = wire.parse(await request.body())
             if check_model:
                 self.f.check_model(fill.model)
+            if fill.options.get("load_only"):  # Ollama: an empty prompt only loads the model
+                return Response(wire.answer(fill, "", Outcome(finish="load"), self.f.model_name),
+                                media_type="application/json")
             job = await self.job(wire, fill, request, received)
             if job is None:  # a warm-up with nothing to compute
                 return Response(wire.answer(fill, "", Outcome(finish="length"), self.f.model_name),
