@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 from tiny_model import permute_for_gguf, tiny_config, tiny_tokenizer, write_tiny_gguf
 
 from warmpath import LLM, SamplingParams
-from warmpath.models.gguf import dequantize_tensor, unpermute_rope_rows
+from warmpath.models.ggml_blocks import dequantize as dequantize_tensor
+from warmpath.models.gguf import unpermute_rope_rows
 
 
 @pytest.fixture(scope="module")

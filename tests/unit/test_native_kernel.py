@@ -108,7 +108,7 @@ def test_gguf_blocks_are_kept_and_decode_to_the_loaded_weights(tmp_path):
     ckpt = load_checkpoint(str(path), torch.float32)
     kinds = {name: q.kind for name, q in ckpt.quantized.items()}
     assert kinds["model.embed_tokens.weight"] == "q8_0" and kinds["model.layers.0.mlp.gate_proj.weight"] == "q4_1"
-    assert "model.layers.0.mlp.down_proj.weight" not in kinds  # Q4_0: not a native format, read as fp32
+    assert kinds["model.layers.0.mlp.down_proj.weight"] == "q4_1"  # Q4_0, converted exactly (models/kernel_blocks.py)
     for name, q in ckpt.quantized.items():
         assert torch.equal(q.dequantize(), ckpt.weights[name]), name
 

@@ -20,6 +20,7 @@ class Checkpoint:
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
     source: str
-    # The checkpoint's own quantized blocks of 2-D weights (GGUF Q4_1 / Q8_0), HF-named, for the native
-    # kernel; empty for unquantized checkpoints.
+    # Quantized blocks of 2-D weights for the native kernel, HF-named: a GGUF file's own Q4_1 / Q8_0 blocks, or
+    # its other types converted to them (models/kernel_blocks.py); empty for unquantized checkpoints.
     quantized: dict[str, QuantizedMatrix] = field(default_factory=dict)
+    tensor_types: dict[str, int] = field(default_factory=dict)  # a GGUF file's quant mix: tensors per type

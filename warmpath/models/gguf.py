@@ -1,30 +1,28 @@
-"""GGUF checkpoints: metadata -> ModelConfig, tensors dequantized -> HF-named weights, vocabulary -> Tokenizer."""
+"""GGUF checkpoints: metadata -> ModelConfig, tensors dequantized -> HF-named weights (every type of
+models/ggml_blocks.py, bit for bit gguf's dequantization), the native kernel's blocks (models/kernel_blocks.py),
+vocabulary -> Tokenizer."""
 
 from __future__ import annotations
 
 import logging
 import re
+import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize
+from gguf import GGUFReader
 
 from warmpath.models.checkpoint import Checkpoint
+from warmpath.models.ggml_blocks import BLOCK_TYPES, SUPPORTED_TENSOR_TYPES, dequantize, raw_blocks
 from warmpath.models.gguf_meta import read_config, read_tokenizer
-from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
+from warmpath.models.kernel_blocks import convert, kernel_kinds
+from warmpath.models.quant import QuantizedMatrix
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_TENSOR_TYPES = {
-    GGMLQuantizationType.F32,
-    GGMLQuantizationType.F16,
-    GGMLQuantizationType.BF16,
-    GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.Q4_0,
-    GGMLQuantizationType.Q4_1,
-}
+PROGRESS_BYTES = 256 << 20  # files from this size on log their loading progress
 
 # GGUF tensor name -> HF name ("{i}" is the layer index).
 _LAYER_NAMES = {
@@ -43,8 +41,6 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# GGUF block formats the native kernel reads as they are (warmpath/models/quant.py).
-_QUANT_KINDS = {GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q8_0: "q8_0"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -66,49 +62,51 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _dequantize_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
-    """Q8_0 / Q4_0 / Q4_1 blocks of 32 values -> fp32, vectorised in torch (gguf's numpy path is far slower)."""
-    size = {GGMLQuantizationType.Q8_0: 34, GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}[qtype]
-    blocks = torch.from_numpy(raw.reshape(-1).copy()).view(-1, size)
-    d = blocks[:, 0:2].contiguous().view(torch.float16).float()  # one fp16 scale per block
-    if qtype == GGMLQuantizationType.Q8_0:
-        return d * blocks[:, 2:].contiguous().view(torch.int8).float()
-    start = 2 if qtype == GGMLQuantizationType.Q4_0 else 4
-    qs = blocks[:, start:]
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()  # low nibbles are values 0..15, high 16..31
-    if qtype == GGMLQuantizationType.Q4_0:
-        return d * (q - 8.0)
-    m = blocks[:, 2:4].contiguous().view(torch.float16).float()
-    return d * q + m
+class _Progress:
+    """A log line every tenth of a large file's tensor bytes (a 1.5B model takes seconds, not silence)."""
+
+    def __init__(self, path: Path, total: int):
+        self.name, self.total, self.done, self.next = path.name, max(total, 1), 0, 0.1
+        self.start = time.perf_counter()
+        self.show = total >= PROGRESS_BYTES
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.show and self.done / self.total >= self.next:
+            log.info("loading %s: %3.0f%% of %.0f MB (%.1f s)", self.name, 100 * self.done / self.total,
+                     self.total / 1e6, time.perf_counter() - self.start)
+            self.next += 0.1
 
 
-def dequantize_tensor(raw: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
-    """A GGUF tensor's raw data -> flat fp32 values."""
-    if qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
-        return _dequantize_blocks(raw, qtype).reshape(-1)
-    if qtype == GGMLQuantizationType.BF16:
-        return torch.from_numpy(raw.reshape(-1).copy().view(np.int16)).view(torch.bfloat16).float()
-    return torch.from_numpy(np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(-1).copy())
+def tensor_type_counts(reader: GGUFReader) -> dict[str, int]:
+    """The file's quant mix: tensors per GGUF type, e.g. {"Q4_K": 12, "Q5_0": 133, "F32": 121}."""
+    return dict(Counter(t.tensor_type.name for t in reader.tensors))
 
 
 def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
     reader = GGUFReader(path)
     config = read_config(reader)
+    named = [(t, hf_name(t.name)) for t in reader.tensors]
+    for t, name in named:
+        if name is not None and t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name} (supported: "
+                             f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
+    kinds = kernel_kinds({name: t.tensor_type for t, name in named if name and len(t.shape) == 2})
+    progress = _Progress(path, sum(int(t.n_bytes) for t, name in named if name))
     weights: dict[str, torch.Tensor] = {}
     quantized: dict[str, QuantizedMatrix] = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
+    for t, name in named:
         if name is None:
             log.debug("skipping GGUF tensor %s", t.name)
             continue
-        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
-            raise ValueError(f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name}")
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dimensions innermost first
-        w = dequantize_tensor(np.asarray(t.data), t.tensor_type).reshape(shape)
+        data = np.asarray(t.data)
+        w = dequantize(data, t.tensor_type)
         q = None
-        kind = _QUANT_KINDS.get(t.tensor_type)
-        if kind and len(shape) == 2:  # keep the blocks too: the native kernel reads them (models/quant.py)
-            q = from_gguf_blocks(torch.from_numpy(np.asarray(t.data).reshape(-1).view(np.uint8).copy()), kind, *shape)
+        if len(shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES:
+            # The native kernel's blocks of this matrix (models/kernel_blocks.py: the file's own, or converted)
+            q = convert(raw_blocks(data, t.tensor_type), t.tensor_type, w, *shape, kinds[name])
+        w = w.reshape(shape)
         # llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama architecture.
         heads = None
         if config.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -121,8 +119,10 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         weights[name] = w.to(dtype)
         if q is not None:
             quantized[name] = q
+        progress.add(int(t.n_bytes))
+    types = tensor_type_counts(reader)
     log.info(
-        "loaded %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %.1f M params",
+        "loaded %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %.1f M params, %s in %.1f s",
         path.name,
         config.architecture,
         config.num_layers,
@@ -131,5 +131,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         config.num_kv_heads,
         config.vocab_size,
         sum(w.numel() for w in weights.values()) / 1e6,
+        " ".join(f"{n}x{k}" for k, n in sorted(types.items())),
+        time.perf_counter() - progress.start,
     )
-    return Checkpoint(config, weights, read_tokenizer(reader), str(path), quantized)
+    return Checkpoint(config, weights, read_tokenizer(reader), str(path), quantized, types)

@@ -2,8 +2,10 @@
 
 Two formats, both GGUF's own (blocks of 32 values along a row): Q4_1 (20 bytes: fp16 d, fp16 m, 16 bytes of
 nibbles; w = d * q + m, q in 0..15) and Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q). A GGUF checkpoint's
-blocks are kept byte for byte, one row after another, so decoding from them reads exactly the weights the
-fp32 path dequantized, in one stream per row; a matrix without them is read as fp32.
+Q4_1 / Q8_0 blocks are kept byte for byte, one row after another, so decoding from them reads exactly the
+weights the fp32 path dequantized, in one stream per row; its other types are converted to them at load
+(models/kernel_blocks.py: exactly for Q4_0 / Q5_0, near for Q4_K, requantized for the rest); a matrix without
+blocks is read as fp32.
 """
 
 from __future__ import annotations
