@@ -85,6 +85,12 @@ class EngineConfig:
     # Let the plan mix a native and a torch backend where that is faster: a greedy request's tokens may then
     # depend on what shares its steps and on how much of its prompt was cached.
     allow_nondeterministic: bool = False
+    # Speculative decoding (engine/speculative.py): "ngram" guesses from the request's own tokens, "suffix" also
+    # from its session's earlier requests; each guess is verified in the request's next step and kept only where
+    # the model samples it, so outputs are the model's own. "none": off.
+    speculative_method: str = "none"
+    num_speculative_tokens: int = 4  # the most tokens guessed for a request in one step
+    speculative_max_seqs: int = 4  # no guessing in a step with more decoding requests (compute-bound there)
     seed: int = 0
 
     def scheduler_config(self) -> SchedulerConfig:

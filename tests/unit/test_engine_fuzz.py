@@ -26,11 +26,16 @@ ops = st.lists(
 )
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama_dir):
-    # A small pool, small blocks and a small budget: preemption, chunking and eviction all happen.
-    return Engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_kv_blocks=16, block_size=4,
-                               max_num_batched_tokens=16, max_num_seqs=4))
+@pytest.fixture(scope="module", params=["none", "ngram"])
+def engine(tiny_llama_dir, request):
+    # A small pool, small blocks and a small budget: preemption, chunking and eviction all happen; with
+    # speculation, guesses are verified (and rejected) beside all that, and aborts and deadlines hit them.
+    engine = Engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_kv_blocks=16, block_size=4,
+                                 max_num_batched_tokens=16, max_num_seqs=4, speculative_method=request.param))
+    if engine.speculator is not None:  # verifying always pays here
+        engine.speculator.decode_times.seconds = [0.01] * len(engine.speculator.decode_times.seconds)
+        engine.speculator.decode_times.record = lambda rows, seconds: None
+    return engine
 
 
 @settings(max_examples=120, deadline=None, derandomize=True,  # same sequences every run: CI stays stable
@@ -53,7 +58,7 @@ def test_random_sequences_never_leak(engine, sequence):
         elif op[0] == "step":
             for _ in range(op[1]):
                 for out in engine.step():
-                    assert out.finished or len(out.new_token_ids) == 1
+                    assert out.finished or len(out.new_token_ids) == 1 or engine.speculator is not None
                 check_pool_invariants(engine)
         elif op[0] == "tick":
             clock.t += op[1]
@@ -71,3 +76,5 @@ def test_fuzzing_reached_the_hard_states(engine):
     s = engine.stats()
     assert s["num_preemptions"] > 0 and s["num_aborted"] > 0 and s["num_deadline_expired"] > 0
     assert s["prefix_cache_hit_tokens"] > 0 and s["num_evictions"] > 0
+    if engine.speculator is not None:
+        assert 0 < s["spec_accepted_tokens"] < s["spec_proposed_tokens"]

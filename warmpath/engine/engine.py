@@ -26,6 +26,7 @@ from warmpath.engine.request import (
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
+from warmpath.engine.speculator import Speculator
 from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, load_library
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
@@ -139,6 +140,7 @@ class Engine:
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
                  str(self.kv_dtype).removeprefix("torch."), blocks * config.block_size / 4096)
+        self.speculator = None if config.speculative_method == "none" else Speculator(config, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
@@ -267,6 +269,8 @@ class Engine:
 
     # -- one step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         plan: SchedulerOutput = self.scheduler.schedule()
         finished = self._finished_unreported + plan.finished
         self._finished_unreported = []
@@ -275,15 +279,13 @@ class Engine:
             t = time.perf_counter()
             for c in plan.chunks:
                 c.request.metrics.first_scheduled_time = c.request.metrics.first_scheduled_time or t
-            seqs = [SeqInput(c.token_ids, c.request.num_computed_tokens, c.request.block_ids, c.sample)
-                    for c in plan.chunks]
-            sampling = [c.request for c in plan.chunks if c.sample]
+            sampling = [c for c in plan.chunks if c.sample]
             try:
+                seqs = self._inputs(plan)
                 logits = self.runner.forward(seqs)
-                tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
-                for r, lp in zip(sampling, token_logprobs(logits, [r.params for r in sampling], tokens), strict=True):
-                    if lp is not None:
-                        r.output_logprobs.append(lp)
+                if self.speculator and all(len(x.token_ids) == 1 for x in seqs):  # what such a step costs here
+                    self.speculator.decode_times.record(len(seqs), time.perf_counter() - t)
+                tokens, logprobs = self._sample(sampling, logits)
             except Exception as e:  # fail this step's requests, not the engine: the others keep running
                 log.exception("step failed; finishing its %d requests with an error", len(plan.chunks))
                 for c in plan.chunks:
@@ -291,15 +293,61 @@ class Engine:
                     finished.append(c.request)
                 self.num_steps += 1
                 return self._report([], finished)
+            before = [len(c.request.output_token_ids) for c in sampling]
             finished += self.scheduler.update(plan, tokens)
-            progressed = [r for r in sampling if not r.finished]
+            for c, n, lps in zip(sampling, before, logprobs, strict=True):
+                kept = len(c.request.output_token_ids) - n
+                if lps is not None:
+                    c.request.output_logprobs += lps[:kept]
+            for c in plan.chunks:
+                c.request.draft_token_ids = []
+            progressed = [c.request for c in sampling if not c.request.finished]
             self.num_steps += 1
         return self._report(progressed, finished)
+
+    def _inputs(self, plan: SchedulerOutput) -> list[SeqInput]:
+        """The step's sequences for the runner. A verified decode is its last token and its guesses as decode
+        rows, one per position, each attending over the context before it: the numbers a plain decode of each
+        of those tokens would compute (every backend writes a step's K/V before reading it), so a guess is kept
+        exactly where the model without speculation would have produced it."""
+        seqs = []
+        for c in plan.chunks:
+            req = c.request
+            if c.num_drafts:
+                seqs += [SeqInput([t], req.num_computed_tokens + j, req.block_ids) for j, t in enumerate(c.token_ids)]
+            else:
+                seqs.append(SeqInput(c.token_ids, req.num_computed_tokens, req.block_ids, c.sample))
+        return seqs
+
+    def _sample(self, sampling: list, logits: torch.Tensor) -> tuple[list[list[int]], list[list | None]]:
+        """Per sampling chunk: its tokens (one; or for a verified decode, each guess kept while it equals what
+        is sampled at its position, then the sampled token that differs or follows: the model's own
+        distribution, guess or not) and their logprobs when asked for."""
+        rows, row = [], 0
+        for c in sampling:
+            rows.append(range(row, row + 1 + c.num_drafts))
+            row += 1 + c.num_drafts
+        plain = [i for i, c in enumerate(sampling) if not c.num_drafts]
+        tokens: list[list[int]] = [[] for _ in sampling]
+        if plain:
+            first = logits[[rows[i][0] for i in plain]]
+            for i, tok in zip(plain, sample(first, [sampling[i].request.params for i in plain],
+                                            [sampling[i].request.generator for i in plain]), strict=True):
+                tokens[i] = [tok]
+        for i, c in enumerate(sampling):
+            if c.num_drafts:
+                tokens[i] = self.speculator.verify(c.request, logits[rows[i].start : rows[i].stop], c.token_ids[1:])
+        logprobs = [None if c.request.params.logprobs is None else token_logprobs(
+            logits[r.start : r.start + len(t)], [c.request.params] * len(t), t)
+            for c, r, t in zip(sampling, rows, tokens, strict=True)]
+        return tokens, logprobs
 
     def _report(self, progressed: list[Request], finished: list[Request]) -> list[RequestOutput]:
         outputs = [self._output(r) for r in progressed] + [self._output(r) for r in finished]
         for r in finished:
             self.requests.pop(r.request_id, None)
+            if self.speculator is not None:
+                self.speculator.finished(r)
         return outputs
 
     def _output(self, req: Request) -> RequestOutput:
@@ -344,6 +392,8 @@ class Engine:
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "num_steps": self.num_steps,
+            "spec_proposed_tokens": self.speculator.proposed if self.speculator else 0,
+            "spec_accepted_tokens": self.speculator.accepted if self.speculator else 0,
             "weight_bytes": self.weight_bytes,
             "kv_cache_bytes": self.runner.kv_cache.numel() * self.runner.kv_cache.element_size(),
         }

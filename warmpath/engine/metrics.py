@@ -30,6 +30,8 @@ class _EngineCollector(Collector):
             ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
             ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),
             ("computed_tokens", "num_computed_tokens", "Tokens run through the model"),
+            ("spec_proposed_tokens", "spec_proposed_tokens", "Speculative guesses verified"),
+            ("spec_accepted_tokens", "spec_accepted_tokens", "Speculative guesses kept (the model sampled them)"),
         ):
             c = CounterMetricFamily(f"warmpath_{name}", doc)
             c.add_metric([], s[key])

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from warmpath.engine.speculative import Speculation
+
 
 class PromptTooLongError(ValueError):
     """The prompt does not fit the model's context (or the KV pool)."""
@@ -113,6 +115,8 @@ class Request:
     num_sent_tokens: int = 0  # outputs already reported by Engine.step()
     finish_reason: FinishReason | None = None
     error: str | None = None
+    draft_token_ids: list[int] = field(default_factory=list)  # guessed next tokens, verified at its next step
+    speculation: Speculation | None = None  # its proposer state (EngineConfig.speculative_method)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -22,12 +22,15 @@ log = logging.getLogger(__name__)
 @dataclass
 class ScheduledChunk:
     request: Request
-    num_tokens: int  # tokens computed this step, from request.num_computed_tokens on
+    num_tokens: int  # tokens computed this step, from request.num_computed_tokens on (drafts included)
     sample: bool  # after this chunk every token is computed: sample the next one
+    num_drafts: int = 0  # a decode with this many guessed tokens after it (request.draft_token_ids), verified
 
     @property
     def token_ids(self) -> list[int]:
         start = self.request.num_computed_tokens
+        if self.num_drafts:
+            return [self.request.all_token_ids[start], *self.request.draft_token_ids[: self.num_drafts]]
         return self.request.all_token_ids[start : start + self.num_tokens]
 
 
@@ -124,10 +127,11 @@ class Scheduler:
             if n == 0:  # the budget left would split off a one-token chunk: next step
                 i += 1
                 continue
-            if not self._grow(req, n, out):
+            drafts = self._drafts(req, n, budget)
+            if not self._grow(req, n + drafts, out):
                 break  # req itself was preempted (it was the newest): nothing after it runs either
-            out.chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
-            budget -= n
+            out.chunks.append(ScheduledChunk(req, n + drafts, req.num_computed_tokens + n == req.num_tokens, drafts))
+            budget -= n + drafts
             i += 1
 
         # 2. Waiting requests, FCFS (preempted ones are at the front), chunked to what is left of the budget.
@@ -144,6 +148,17 @@ class Scheduler:
                 break  # head of line does not fit yet: keep FCFS order, wait for blocks
             budget -= out.chunks[-1].num_tokens
         return out
+
+    def _drafts(self, req: Request, n: int, budget: int) -> int:
+        """How many of a decode's guessed tokens to verify this step: what the budget and the free blocks allow
+        (guesses never preempt anyone)."""
+        if not req.draft_token_ids or n != 1 or req.num_computed_tokens + 1 != req.num_tokens:
+            return 0
+        k = min(len(req.draft_token_ids), budget - 1)
+        have = len(req.block_ids) + self.pool.num_free
+        while k and self._blocks_for(req.num_computed_tokens + 1 + k) > have:
+            k -= 1
+        return k
 
     def _grow(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Make req's blocks cover n more tokens, preempting the newest running requests if needed.
@@ -209,15 +224,27 @@ class Scheduler:
         return True
 
     # -- after the model ran ---------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
-        """Advance the scheduled requests by what was computed and sampled; returns those that finished."""
+    def update(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[Request]:
+        """Advance the scheduled requests by what was computed and sampled (per sampling chunk, in order: one
+        token, or for a verified decode the tokens kept, the model's own after the last accepted guess); returns
+        those that finished. A verified decode keeps K/V only for its accepted tokens: num_computed_tokens ends
+        there, blocks beyond what the next token needs go back, and no block holding a rejected guess's K/V is
+        entered in the prefix cache (only blocks full of computed tokens are)."""
         finished = []
-        sampling = [c for c in out.chunks if c.sample]
+        taken = iter(sampled)
         now = time.perf_counter()
         for c in out.chunks:
             req = c.request
-            req.num_computed_tokens += c.num_tokens
             self.stats.num_computed_tokens += c.num_tokens
+            reason = None
+            if c.sample:
+                kept, reason = self._append(req, next(taken), now)
+                # a verified decode computed its last token and the guesses it kept: all but the newest output
+                req.num_computed_tokens += kept if c.num_drafts else c.num_tokens
+            else:
+                req.num_computed_tokens += c.num_tokens
+            if c.num_drafts:
+                self._trim_blocks(req)
             # Blocks now full of computed tokens become reusable prefix.
             full = req.num_computed_tokens // self.block_size
             if full > req.num_registered_blocks:
@@ -227,15 +254,34 @@ class Scheduler:
                 self.pool.cache_blocks(req.block_ids, req.all_token_ids, req.block_hashes[:full],
                                        req.num_registered_blocks)
                 req.num_registered_blocks = full
-        for c, tok in zip(sampling, sampled, strict=True):
-            req = c.request
-            req.output_token_ids.append(tok)
-            req.metrics.num_output_tokens = len(req.output_token_ids)
-            req.metrics.first_token_time = req.metrics.first_token_time or now
-            if tok in req.stop_token_ids:
-                self.finish(req, FinishReason.STOP)
-            elif len(req.output_token_ids) >= req.max_tokens:
-                self.finish(req, FinishReason.LENGTH)
-            if req.finished:
+            if reason is not None:
+                self.finish(req, reason)
                 finished.append(req)
         return finished
+
+    @staticmethod
+    def _append(req: Request, tokens: list[int], now: float) -> tuple[int, FinishReason | None]:
+        """Append sampled tokens up to a stop token or max_tokens; how many were kept, and why to finish."""
+        kept = 0
+        for tok in tokens:
+            req.output_token_ids.append(tok)
+            kept += 1
+            if tok in req.stop_token_ids:
+                reason = FinishReason.STOP
+            elif len(req.output_token_ids) >= req.max_tokens:
+                reason = FinishReason.LENGTH
+            else:
+                continue
+            break
+        else:
+            reason = None
+        req.metrics.num_output_tokens = len(req.output_token_ids)
+        req.metrics.first_token_time = req.metrics.first_token_time or now
+        return kept, reason
+
+    def _trim_blocks(self, req: Request) -> None:
+        """Blocks allocated for rejected guesses only go back to the pool."""
+        keep = self._blocks_for(req.num_computed_tokens + 1)
+        if len(req.block_ids) > keep:
+            self.pool.free(req.block_ids[keep:])
+            req.block_ids = req.block_ids[:keep]

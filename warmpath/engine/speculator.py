@@ -1,0 +1,71 @@
+"""Speculative decoding in one engine (EngineConfig.speculative_method): before a step, guesses for the decoding
+requests and how many of them the step verifies; after it, which guesses the model kept. The proposers are in
+speculative.py; the engine computes a verified decode as decode rows (engine.py `_inputs`)."""
+
+from __future__ import annotations
+
+import torch
+
+from warmpath.config import EngineConfig
+from warmpath.engine.request import Request
+from warmpath.engine.sampler import sample
+from warmpath.engine.speculative import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
+
+PROPOSERS = {"ngram": NgramProposer, "suffix": SuffixProposer}
+
+
+class Speculator:
+    def __init__(self, config: EngineConfig, max_model_len: int):
+        if config.speculative_method not in PROPOSERS:
+            raise ValueError(f"speculative_method must be none, ngram or suffix; got {config.speculative_method!r}")
+        if config.num_speculative_tokens < 1 or config.speculative_max_seqs < 1:
+            raise ValueError("num_speculative_tokens and speculative_max_seqs must be >= 1")
+        self.proposer = PROPOSERS[config.speculative_method]()
+        self.max_tokens, self.max_seqs = config.num_speculative_tokens, config.speculative_max_seqs
+        self.max_model_len = max_model_len
+        self.decode_times = StepTimes(config.max_num_seqs * (1 + config.num_speculative_tokens))
+        self.proposed = self.accepted = 0  # guessed tokens verified, and kept
+
+    def propose(self, running: list[Request]) -> None:
+        """Guesses for the decoding requests: the proposer offers up to num_speculative_tokens each, choose_drafts
+        keeps what this machine verifies faster than it decodes; none in a step with more decoding requests than
+        speculative_max_seqs."""
+        decoding = [r for r in running if r.num_computed_tokens + 1 == r.num_tokens]
+        if len(decoding) > self.max_seqs:
+            return
+        for r in decoding:
+            spec = r.speculation = r.speculation or Speculation()
+            room = min(r.max_tokens - len(r.output_token_ids) - 1, self.max_model_len - r.num_tokens)
+            k = min(self.max_tokens, room)
+            if k <= 0 or not spec.wants():
+                continue
+            if isinstance(self.proposer, SuffixProposer):
+                r.draft_token_ids = self.proposer.propose(r.all_token_ids, spec, k, r.session_id)
+            else:
+                r.draft_token_ids = self.proposer.propose(r.all_token_ids, spec, k)
+        offered = [len(r.draft_token_ids) for r in decoding]
+        if any(offered):
+            taken = choose_drafts(len(decoding), [r.speculation.acceptance for r in decoding], offered,
+                                  self.decode_times)
+            for r, n in zip(decoding, taken, strict=True):
+                r.draft_token_ids = r.draft_token_ids[:n]
+
+    def verify(self, req: Request, rows: torch.Tensor, drafts: list[int]) -> list[int]:
+        """Sample position by position with the request's own generator (one draw per token kept, as without
+        speculation); stop at the first guess the model did not sample. Greedy: the guesses that match the
+        argmax, then the argmax."""
+        out = []
+        for j in range(len(drafts) + 1):
+            tok = sample(rows[j : j + 1], [req.params], [req.generator])[0]
+            out.append(tok)
+            if j == len(drafts) or tok != drafts[j]:
+                break
+        req.speculation.record(len(drafts), len(out) - 1)
+        self.proposed += len(drafts)
+        self.accepted += len(out) - 1
+        return out
+
+    def finished(self, req: Request) -> None:
+        """What the request's session saw, for its next requests (the suffix proposer)."""
+        if isinstance(self.proposer, SuffixProposer):
+            self.proposer.learn(req.session_id, req.all_token_ids)
