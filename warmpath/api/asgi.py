@@ -4,6 +4,7 @@ session key, and the error handlers that answer every failure with the OpenAI er
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -66,8 +67,17 @@ def parse_deadline(headers, now: float) -> float | None:
 
 
 def session_key(headers, user) -> str | None:
-    """Which session a request belongs to: the X-Session-Id header, else the body's `user` (a string)."""
-    return headers.get("x-session-id") or (user if isinstance(user, str) else None)
+    """Which session a request belongs to: the X-Session-Id header, else the protocol's user field (a string:
+    OpenAI's and Tabby's `user`, Mistral's `prompt_cache_key`), else a hash of the bearer token (llama.vim can set
+    no other header; the token itself is never kept). The server and the router both use this rule."""
+    if headers.get("x-session-id"):
+        return headers["x-session-id"]
+    if isinstance(user, str) and user:
+        return user
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer " and auth[7:].strip():
+        return "key-" + hashlib.sha256(auth.encode("latin-1")).hexdigest()[:32]
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:

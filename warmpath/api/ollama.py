@@ -140,9 +140,9 @@ def show(name: str, layout: str | None, family: str, context_length: int) -> dic
             "capabilities": ["completion", "insert"], "modified_at": _now()}
 
 
-def tags(name: str, family: str) -> dict:
-    return {"models": [{"name": name, "model": name, "modified_at": _now(), "size": 0, "digest": "",
-                        "details": details(family)}]}
+def tags(names: list[str], family: str = "") -> dict:
+    return {"models": [{"name": n, "model": n, "modified_at": _now(), "size": 0, "digest": "",
+                        "details": details(family)} for n in names]}
 
 
 def version() -> dict:

@@ -104,3 +104,16 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield e + b"\n\n"
     if buf.strip():
         yield buf
+
+
+async def ndjson_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Whole NDJSON lines (Ollama's stream) from raw chunks, as sse_events does for SSE."""
+    buf = b""
+    async for piece in chunks:
+        buf += piece
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line + b"\n"
+    if buf.strip():
+        yield buf

@@ -12,12 +12,13 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from warmpath.api import ollama
 from warmpath.api.asgi import install_error_handlers
 from warmpath.api.guard import GuardMiddleware
 from warmpath.api.protocol import ApiError
 from warmpath.config import RouterConfig
 from warmpath.router.nodes import Node, base_url
-from warmpath.router.proxy import Proxy
+from warmpath.router.proxy import EDITOR_WIRES, Proxy
 
 log = logging.getLogger(__name__)
 routes = APIRouter()
@@ -118,6 +119,30 @@ async def completions(request: Request):
 @routes.post("/v1/chat/completions")
 async def chat(request: Request):
     return await _proxy(request).handle(request, "/v1/chat/completions")
+
+
+async def _editor(request: Request):
+    return await _proxy(request).handle(request, request.url.path)
+
+
+for _path in EDITOR_WIRES:  # llama.cpp's /infill, Ollama's /api/generate, Mistral's /v1/fim/completions
+    routes.add_api_route(_path, _editor, methods=["POST"])
+
+
+@routes.get("/api/tags")
+async def ollama_tags(request: Request):
+    return ollama.tags(_proxy(request).model_names())
+
+
+@routes.get("/api/version")
+async def ollama_version():
+    return ollama.version()
+
+
+@routes.post("/api/show")
+async def ollama_show(request: Request):
+    """A node's own answer (its template says how it fills in the middle)."""
+    return await _proxy(request).ask_a_node(request, "/api/show")
 
 
 def create_router_app(config: RouterConfig) -> FastAPI:

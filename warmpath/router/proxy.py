@@ -24,9 +24,11 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from warmpath.api import infill, mistral, ollama
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
-from warmpath.api.protocol import content_text, error_body
+from warmpath.api.fill import Fill, Outcome
+from warmpath.api.protocol import ApiError, content_text, error_body
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.metrics import RouterMetrics
@@ -38,6 +40,10 @@ from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the chosen node, then one failover
+# The editor protocols, by path: each body read as its Fill (api/fill.py), answered in its own shapes.
+EDITOR_WIRES = {path: w for w in (infill, ollama, mistral) for path in w.PATHS}
+CACHEABLE = {mistral}  # answers cache.complete_answer can judge (llama.cpp's and Ollama's are never stored)
+STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
 
 
 @dataclass
@@ -53,6 +59,8 @@ class Routed:
     stream: bool
     deadline: float | None  # monotonic
     key: str | None = None  # the response-cache key, for a deterministic request
+    wire: object = None  # an editor protocol's module (EDITOR_WIRES), None for OpenAI's
+    fill: Fill | None = None  # its body as a Fill, when it parsed (else the node answers the 400)
 
     @property
     def model(self):
@@ -69,6 +77,15 @@ def read_request(path: str, raw: bytes, headers) -> Routed:
     if not isinstance(body, dict):
         body = None
     b = body or {}
+    if path in EDITOR_WIRES:
+        editor = EDITOR_WIRES[path]
+        try:
+            fill = editor.parse(raw)
+        except ApiError:
+            fill = None
+        return Routed(path, raw, body, session_key(headers, fill.user if fill else None),
+                      fill.routing_text() if fill else "", "fill", bool(fill and fill.stream), deadline, None,
+                      editor, fill)
     if path.endswith("/chat/completions"):
         kind = "chat"
         prompt = "".join(f"{m.get('role')}\x1f{content_text(m.get('content'))}\x1e"
@@ -127,17 +144,37 @@ class Proxy:
             names += [m for m in n.models if m not in names]
         return names
 
+    async def ask_a_node(self, request: Request, path: str) -> Response:
+        """A metadata request (no routing, no cache): the least loaded available node of the last tier answers."""
+        available, meta = self.nodes.available(self.tiers[-1]), Routed(path, b"", None, None, "", "fill", False,
+                                                                         None, ollama)
+        if not available:
+            return fault(meta, 503, "no healthy node", "no_healthy_node")
+        url = min(available, key=lambda u: self.nodes.loads().get(u, 0))
+        auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
+        headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
+        try:
+            r = await self.http.post(url + path, content=await request.body(), headers=headers,
+                                     timeout=self.config.response_timeout)
+        except httpx.HTTPError as e:
+            return fault(meta, 502, repr(e), "upstream_failed")
+        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+
     # -- one request --------------------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response | dict:
         routed = read_request(path, await request.body(), request.headers)
         tier = self.tiers[0]
         if len(self.tiers) > 1:
-            kind = completion_kind(path, routed.body or {}, request.headers.get("x-completion-kind"),
-                                   self.config.line_max_tokens)
+            body = routed.body or {}
+            if routed.fill is not None:  # the same rule on the Fill's limits and suffix
+                path, body = "/v1/completions", {"max_tokens": routed.fill.max_tokens or 10**9,
+                                                 "suffix": routed.fill.suffix}
+            kind = completion_kind(path, body, request.headers.get("x-completion-kind"), self.config.line_max_tokens)
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
-        if routed.body is not None and self.config.cache_entries > 0:  # per tenant: see cache.py
-            routed.key = cache_key(path, routed.body, request.headers.get("authorization", "").encode("latin-1"))
+        if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (None, *CACHEABLE):
+            # per tenant: see cache.py
+            routed.key = cache_key(routed.path, routed.body, request.headers.get("authorization", "").encode("latin-1"))
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
@@ -151,8 +188,7 @@ class Proxy:
         if not decision.nodes:
             self.metrics.degraded.labels("no_node").inc()
             where = "" if len(self.tiers) == 1 else " in tier " + tier
-            return JSONResponse(error_body(f"no healthy node{where}", "server_error", code="no_healthy_node"),
-                                status_code=503)
+            return fault(routed, 503, f"no healthy node{where}", "no_healthy_node")
         return await self.failover(request, routed, decision.nodes)
 
     async def failover(self, request: Request, routed: Routed, candidates: list[str]) -> Response | dict:
@@ -175,13 +211,9 @@ class Proxy:
                 self.metrics.failovers.labels(url).inc()
         if routed.deadline is not None and time.monotonic() >= routed.deadline:
             self.metrics.degraded.labels("deadline").inc()
-            if routed.stream:
-                return StreamingResponse(iter([wire.silence_sse(routed.kind, routed.model)]),
-                                         media_type="text/event-stream")
-            return wire.silence(routed.kind, routed.model)
+            return silence(routed, {})
         self.metrics.degraded.labels("nodes_failed").inc()
-        return JSONResponse(error_body("the nodes tried for this request failed before answering", "server_error",
-                                       code="upstream_failed"), status_code=502)
+        return fault(routed, 502, "the nodes tried for this request failed before answering", "upstream_failed")
 
     def forward_headers(self, request: Request, routed: Routed) -> dict[str, bytes]:
         # Values as bytes: a header is passed on byte for byte, whatever it holds (Starlette decoded latin-1).
@@ -189,6 +221,9 @@ class Proxy:
         for name in ("x-session-id", "x-completion-kind"):
             if name in request.headers:
                 h[name] = request.headers[name].encode("latin-1")
+        if routed.session and "x-session-id" not in request.headers and routed.session.isascii() and \
+                routed.session.isprintable():  # the node keys the session as we did (its bearer may be ours)
+            h["x-session-id"] = routed.session.encode()
         if routed.deadline is not None:
             h["X-Deadline-Ms"] = f"{max(1.0, (routed.deadline - time.monotonic()) * 1000):.0f}".encode()
         auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
@@ -223,8 +258,9 @@ class Proxy:
                 async with watch.until(deadline, first, "the answer"):
                     body = await resp.aread()
                 return Response(body, status_code=resp.status_code, media_type=media, headers=headers)
-            if routed.stream and media.startswith("text/event-stream"):
-                events = wire.sse_events(resp.aiter_raw())
+            if routed.stream and media.startswith(STREAM_MEDIA):
+                framing = routed.wire.FRAMING if routed.wire else "sse"
+                events = (wire.ndjson_lines if framing == "ndjson" else wire.sse_events)(resp.aiter_raw())
                 async with watch.until(deadline, first, "the first event"):
                     head = await unless_disconnected(request, anext(events))
                 stream = self.relay(head, events, resp, watch, routed)
@@ -243,10 +279,7 @@ class Proxy:
             return Response(status_code=499)
         except TimeoutError:  # past the deadline before the answer: silence, the upstream is closed below
             self.metrics.degraded.labels("deadline").inc()
-            if routed.stream:
-                return StreamingResponse(iter([wire.silence_sse(routed.kind, routed.model)]),
-                                         media_type="text/event-stream", headers={"X-Warmpath-Node": node.url})
-            return JSONResponse(wire.silence(routed.kind, routed.model), headers={"X-Warmpath-Node": node.url})
+            return silence(routed, {"X-Warmpath-Node": node.url})
         except (httpx.HTTPError, StopAsyncIteration, Stalled) as e:  # nothing was sent to the client yet
             raise _Failed(str(e) if isinstance(e, Stalled) else repr(e)) from None
         finally:
@@ -270,23 +303,50 @@ class Proxy:
                     break
                 except TimeoutError:
                     self.metrics.degraded.labels("deadline").inc()
-                    yield wire.silence_sse(routed.kind, routed.model).encode()
+                    yield silence_events(routed)
                     return
                 except (httpx.HTTPError, Stalled) as e:
                     log.warning("node %s failed mid-stream: %s", node.url, e if isinstance(e, Stalled) else repr(e))
                     self.metrics.degraded.labels("mid_stream_failure").inc()
-                    yield wire.sse_error("the node serving this stream failed; the answer is incomplete",
-                                         "upstream_failed").encode()
+                    message = "the node serving this stream failed; the answer is incomplete"
+                    yield routed.wire.stream_error(message) if routed.wire else \
+                        wire.sse_error(message, "upstream_failed").encode()
                     return
                 if kept is not None:
                     kept += event
                 yield event
             if kept is not None and complete_answer(bytes(kept), streamed=True):
-                self.cache.put(routed.key, bytes(kept), "text/event-stream")
+                self.cache.put(routed.key, bytes(kept), resp.headers.get("content-type", "text/event-stream"))
         finally:  # also on client disconnect (the generator is closed): the node sees its stream closed
             node.in_flight -= 1
             watch.close()
             await resp.aclose()
+
+
+def fault(routed: Routed, status: int, message: str, code: str) -> JSONResponse:
+    """The router's own error, in the request's protocol."""
+    body = routed.wire.error(status, message).body if routed.wire else error_body(message, "server_error", code=code)
+    return JSONResponse(body, status_code=status)
+
+
+def silence_events(routed: Routed) -> bytes:
+    """The end of a stream past the deadline, in the request's protocol (empty text, never an error)."""
+    if routed.wire is None:
+        return wire.silence_sse(routed.kind, routed.model).encode()
+    fill = routed.fill or Fill(prefix="", stream=True)
+    return routed.wire.end(fill, wire.new_id("route"), Outcome(), routed.model)
+
+
+def silence(routed: Routed, headers: dict) -> Response:
+    """The router's own answer past the deadline: the protocol's "nothing", whole or as a stream."""
+    if routed.stream:
+        media = routed.wire.STREAM_MEDIA if routed.wire else "text/event-stream"
+        return StreamingResponse(iter([silence_events(routed)]), media_type=media, headers=headers)
+    if routed.wire is None:
+        return JSONResponse(wire.silence(routed.kind, routed.model), headers=headers)
+    fill = routed.fill or Fill(prefix="")
+    return Response(routed.wire.answer(fill, wire.new_id("route"), Outcome(), routed.model),
+                    media_type="application/json", headers=headers)
 
 
 async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -50,7 +50,7 @@ async def ollama_show(request: Request):
 @routes.get("/api/tags")
 async def ollama_tags(request: Request):
     name, _, family = _ollama_model(request)
-    return ollama.tags(name, family)
+    return ollama.tags([name], family)
 
 
 @routes.get("/api/version")

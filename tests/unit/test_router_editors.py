@@ -1,0 +1,125 @@
+"""`warmpath route` speaks the editor protocols too, in front of real tiny-model servers on loopback: llama.vim's
+/infill keeps its session on one node with only a bearer token (the one header it can set) and hits that node's
+prefix cache; the ollama and mistralai clients get the node's text through the router, whole and streamed; past
+the deadline each protocol's empty answer; a disconnect reaches the node; bad input and the router's own faults
+in each protocol's shape."""
+
+import asyncio
+import contextlib
+import hashlib
+import json
+
+import httpx
+import ollama
+import pytest
+from mistralai.client import Mistral
+from server_harness import CODE, counter, free_port, running_app, running_server, wait_for_step
+from test_server_infill import EXTRA, FILE, LINES, VIM_ACCEPTS, vim_fim
+
+from warmpath.config import EngineConfig, RouterConfig
+from warmpath.router.app import create_router_app
+from warmpath.router.hashing import HashRing
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_long_dir):
+    """Three nodes at 256 tokens per step: llama.vim's 500 ms prompt budget holds on a busy 2-core machine."""
+    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024, max_num_batched_tokens=256)
+    with contextlib.ExitStack() as stack:
+        nodes = [stack.enter_context(running_server(cfg)) for _ in range(3)]
+        yield {url: app for url, app in nodes}
+
+
+@contextlib.contextmanager
+def router(urls, **kwargs):
+    cfg = RouterConfig(node=list(urls), health_interval=0.2, **kwargs)
+    with running_app(create_router_app(cfg)) as (url, app):
+        yield url, app
+
+
+def test_llama_vim_keeps_its_node_with_only_a_bearer_token(fleet):
+    urls = list(fleet)
+    with router(urls) as (rurl, _):  # the default hybrid policy: sessions first
+        for dev in ("alice-key", "bob-key", "carol-key"):
+            auth = {"Authorization": f"Bearer {dev}"}
+            home = HashRing(urls).home("key-" + hashlib.sha256(f"Bearer {dev}".encode()).hexdigest()[:32])
+            seen, cached = set(), []
+            for middle in ("def g(", "def g(y", "def g(y,"):
+                r = httpx.post(f"{rurl}/infill", json=vim_fim(f"# {dev}\n" + FILE, middle, "\n" + LINES[0], EXTRA),
+                               headers=auth, timeout=60)
+                assert r.status_code == 200 and VIM_ACCEPTS.search(r.text), r.text
+                seen.add(r.headers["x-warmpath-node"])
+                cached.append(r.json()["tokens_cached"])
+            assert seen == {home}
+            assert cached[1] > 64 and cached[2] >= cached[1]  # the node kept this developer's prefix warm
+        assert counter(rurl, "warmpath_router_decisions_total", 'decision="affinity_kept",policy="hybrid"') == 9
+
+
+def test_ollama_and_mistral_clients_through_the_router(fleet):
+    node = next(iter(fleet))
+    name = httpx.get(f"{node}/v1/models").json()["data"][0]["id"]
+    suffix = "\n\nprint(add(1, 2))\n"
+    with router([node]) as (rurl, _):
+        direct, routed = ollama.Client(host=node), ollama.Client(host=rurl)
+        opts = {"num_predict": 12, "temperature": 0}
+        want = direct.generate(model=name, prompt=CODE, suffix=suffix, options=opts).response
+        assert routed.generate(model=name, prompt=CODE, suffix=suffix, options=opts).response == want
+        parts = list(routed.generate(model=name, prompt=CODE, suffix=suffix, options=opts, stream=True))
+        assert "".join(p.response for p in parts) == want and parts[-1].done and len(parts) > 2
+        assert [m.model for m in routed.list().models] == [name] and ".Suffix" in routed.show(name).template
+        assert httpx.get(f"{rurl}/api/version").json() == httpx.get(f"{node}/api/version").json()
+        m = Mistral(api_key="unused", server_url=rurl)
+        r = m.fim.complete(model=name, prompt=CODE, suffix=suffix, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == want
+        events = list(m.fim.stream(model=name, prompt=CODE, suffix=suffix, max_tokens=12, temperature=0))
+        assert "".join(e.data.choices[0].delta.content or "" for e in events) == want
+
+
+@pytest.mark.parametrize("path,body,empty", [
+    ("/infill", {"input_prefix": CODE * 60, "n_predict": 300}, lambda b: b["content"] == ""),
+    ("/api/generate", {"model": None, "prompt": CODE * 60, "raw": True, "stream": False,
+                       "options": {"num_predict": 300}}, lambda b: b["response"] == "" and b["done"]),
+    ("/v1/fim/completions", {"model": None, "prompt": CODE * 60, "max_tokens": 300},
+     lambda b: b["choices"][0]["message"]["content"] == ""),
+])
+def test_past_the_deadline_each_protocol_gets_its_empty_answer(fleet, path, body, empty):
+    node, app = next(iter(fleet.items()))
+    body = {**body, **({"model": httpx.get(f"{node}/v1/models").json()["data"][0]["id"]} if "model" in body else {})}
+    with router([node]) as (rurl, _):
+        r = httpx.post(f"{rurl}{path}", json=body, headers={"X-Deadline-Ms": "30"}, timeout=60)
+        assert r.status_code == 200 and empty(r.json()), r.text
+        wait_for_step(app, lambda e: not e.requests)
+
+
+def test_a_disconnect_through_the_router_aborts_on_the_node(fleet):
+    url, app = next(iter(fleet.items()))
+    with router([url]) as (rurl, _):
+        before = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
+
+        async def leave():
+            async with httpx.AsyncClient(timeout=60) as http:
+                body = {"input_prefix": "# leave\n" + CODE * 12, "n_predict": 400, "stream": True}
+                async with http.stream("POST", f"{rurl}/infill", json=body) as r:
+                    async for _ in r.aiter_lines():
+                        return
+        asyncio.run(leave())
+        wait_for_step(app, lambda e: not e.requests and e.pool.num_used == 0)
+        assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == before + 1
+        assert [n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"]] == [0]
+
+
+def test_bad_input_is_the_nodes_and_the_routers_faults_are_the_protocols(fleet):
+    node = next(iter(fleet))
+    with router([node]) as (rurl, _):
+        for path, payload in (("/infill", {"n_predict": "x"}), ("/api/generate", {"prompt": "x"}),
+                              ("/v1/fim/completions", {"prompt": 1}), ("/infill", "[")):
+            content = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            direct = httpx.post(f"{node}{path}", content=content)
+            routed = httpx.post(f"{rurl}{path}", content=content)
+            assert routed.status_code == direct.status_code and 400 <= direct.status_code < 500
+            assert routed.json() == direct.json()
+    with router([f"http://127.0.0.1:{free_port()}"]) as (rurl, _):
+        r = httpx.post(f"{rurl}/infill", json={"input_prefix": "x"})
+        assert r.status_code == 503 and set(r.json()["error"]) == {"code", "message", "type"}
+        r = httpx.post(f"{rurl}/api/generate", json={"model": "m", "prompt": "x"})
+        assert r.status_code == 503 and isinstance(r.json()["error"], str)
