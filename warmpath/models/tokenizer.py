@@ -25,14 +25,15 @@ _LLAMA3_REGEX = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek-Coder (and DeepSeek LLM 1): regexes applied one after another, each splitting the pieces the one
+# before left (llama.cpp's unicode_regex_split, `tokenizers`' Sequence of isolated splits alike).
+_DEEPSEEK_CODER_REGEXES = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")
+IGNORE_MERGES = frozenset({"llama-bpe", "llama3"})
 
-def _regex_then_bytes(regex: str) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+
+def _regex_then_bytes(*regexes: str) -> pre_tokenizers.PreTokenizer:
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in regexes]
+    return pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def gguf_pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
@@ -45,6 +46,8 @@ def gguf_pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
         return _regex_then_bytes(_QWEN2_REGEX)
     if name in ("llama-bpe", "llama3"):
         return _regex_then_bytes(_LLAMA3_REGEX)
+    if name == "deepseek-coder":
+        return _regex_then_bytes(*_DEEPSEEK_CODER_REGEXES)
     raise ValueError(f"unsupported GGUF pre-tokenizer {name!r}")
 
 
@@ -100,7 +103,9 @@ class Tokenizer:
     ) -> Tokenizer:
         vocab = {tok: i for i, tok in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        # Llama 3's BPE takes a pre-token that is a whole vocabulary entry as it is (llama.cpp: ignore_merges).
+        backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                                         ignore_merges=pre in IGNORE_MERGES))
         backend.pre_tokenizer = gguf_pre_tokenizer(pre)
         backend.decoder = decoders.ByteLevel()
         # GGUF token types: 3 = control, 4 = user-defined. Both are matched whole in the text.
