@@ -87,9 +87,10 @@ def _encode(arr: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_gguf(path: Path, arch: str = "llama", types: TypeRule = every_type, vocab: Vocab | None = None,
-               seed: int = 0, num_layers: int = 2, **overrides) -> tuple[Path, dict[str, torch.Tensor], dict]:
+               seed: int = 0, num_layers: int = 2, edit: Callable[[dict[str, torch.Tensor], list[str]], None] | None
+               = None, **overrides) -> tuple[Path, dict[str, torch.Tensor], dict]:
     """Write the file; returns it, the HF-named weights it decodes to (gguf's reference dequantization, Q/K
-    rows un-permuted) and the HF config."""
+    rows un-permuted) and the HF config. edit(weights, tokens) may change the HF-layout weights first."""
     vocab = vocab or Vocab()
     tokens, special = vocab.tokens()
     hf_arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
@@ -103,6 +104,8 @@ def write_gguf(path: Path, arch: str = "llama", types: TypeRule = every_type, vo
     for name in hf:  # 256-wide rows: smaller q/k keep attention from saturating (logits far from chaos)
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             hf[name] = hf[name] * 0.25
+    if edit is not None:
+        edit(hf, tokens)
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(num_layers)

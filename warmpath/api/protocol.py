@@ -105,9 +105,24 @@ class SamplingFields(BaseModel):
         return stops
 
 
+class ExtraFile(BaseModel):
+    """Repository context for a completion: another file (or a chunk of one) by its path (llama.vim's input_extra
+    chunk); the server puts it before the prefix in the model family's repo-level form (server/prompts.py)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    filename: str = Field(default="", max_length=4096)
+    text: str = ""
+
+    @field_validator("filename", "text")
+    @classmethod
+    def text_encodable(cls, v):
+        return encodable(v)
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     suffix: str | None = None
+    extra: list[ExtraFile] | None = Field(default=None, max_length=256)  # warmpath's: repository-level context
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False  # the prompt's text before the completion's
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token

@@ -98,6 +98,10 @@ def read_request(path: str, raw: bytes, headers) -> Routed:
         if isinstance(prompt, list):
             prompt = ",".join(str(t) for t in prompt)
         prompt = prompt if isinstance(prompt, str) else ""
+        extra = b.get("extra")  # repository context goes before the prompt, sorted, as the server renders it
+        if isinstance(extra, list) and prompt:
+            files = sorted({f"{e.get('filename')}\x1f{e.get('text')}\x1e" for e in extra if isinstance(e, dict)})
+            prompt = "".join(files) + prompt
     return Routed(path, raw, body, session_key(headers, b.get("user")), prompt, kind, b.get("stream") is True,
                   deadline)
 

@@ -29,7 +29,7 @@ from warmpath.server import editor_routes
 from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
 from warmpath.server.logprobs import LogprobFormatter
-from warmpath.server.prompts import PromptEncoder, SuffixCutter, detect_fim
+from warmpath.server.prompts import ContextFile, PromptEncoder, SuffixCutter, detect_fim, repo_context
 
 SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
 
@@ -70,15 +70,19 @@ class Frontend:
         cutter, fim_mode = None, None
         if isinstance(body.prompt, str):
             text = body.prompt
-            if body.suffix:
+            # Other files of the repository, before the prefix (stable: they stay in the prefix cache)
+            context = repo_context([ContextFile(e.filename, e.text) for e in body.extra or []], self.fim)
+            if body.suffix or (context and self.fim is not None):
                 if self.fim is not None:
-                    text, fim_mode = self.fim.build(body.prompt, body.suffix), self.fim.name
+                    text, fim_mode = self.fim.build(body.prompt, body.suffix or "", context), self.fim.name
                 else:  # no FIM tokens: complete from the prefix, cut where the suffix starts repeating
-                    cutter, fim_mode = SuffixCutter(body.suffix), "prefix-only"
+                    text, cutter, fim_mode = context + body.prompt, SuffixCutter(body.suffix), "prefix-only"
+            else:
+                text = context + body.prompt
             prompt_ids = await self.encoder.encode(text)
         else:
-            if body.suffix:
-                raise ApiError(400, "suffix needs a text prompt", param="suffix")
+            if body.suffix or body.extra:
+                raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if body.suffix else "extra")
             prompt_ids = list(body.prompt)
         job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens,
                              self.cache_salt(body, request))

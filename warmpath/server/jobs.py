@@ -17,7 +17,7 @@ from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams, TokenLogprob
-from warmpath.server.prompts import SuffixCutter
+from warmpath.server.prompts import SuffixCutter, detect_fim, fim_stop_ids
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
            FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
@@ -79,6 +79,16 @@ class Jobs:
 
     def __init__(self, engine: Engine, async_engine: AsyncEngine, metrics: Metrics):
         self.engine, self.async_engine, self.metrics = engine, async_engine, metrics
+        self.fim = detect_fim(engine.tokenizer)
+        self.fim_stop_ids = fim_stop_ids(engine.tokenizer, self.fim) if self.fim else []
+
+    def add_fim_stops(self, job: Job) -> None:
+        """A job prompted with the family's FIM template (any protocol) ends at the family's markers: as special
+        tokens (stop ids: never shown, special tokens are not text) and, spelled out in text, as stop strings."""
+        if self.fim is None or job.fim_mode != self.fim.name:
+            return
+        job.params.stop_token_ids = sorted({*job.params.stop_token_ids, *self.fim_stop_ids})
+        job.stop = [*job.stop, *(t for t in self.fim.stops if t not in job.stop)]
 
     def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
              max_tokens: int | None, cache_salt: str | None = None) -> Job:
@@ -123,6 +133,7 @@ class Jobs:
         request in the engine."""
         if self.refuse_if_overloaded(job):  # checked here, right before submitting: see reserve()
             return
+        self.add_fim_stops(job)
         detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop)
         gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline,
                                          job.cache_salt)
