@@ -13,6 +13,15 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+/* WP_VNNI: u8 x s8 products summed into 32-bit lanes in one instruction (vpdpbusd, AVX512-VNNI on 256-bit
+   registers, or AVX-VNNI): the same integer sums as AVX2's vpmaddubsw + vpmaddwd, in fewer instructions. */
+#if defined(WP_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define WP_VNNI 1
+#define dpbusd(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(WP_SIMD) && defined(__AVXVNNI__)
+#define WP_VNNI 1
+#define dpbusd(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#endif
 
 /* Matrix kinds (native.py KINDS) and activation modes. */
 enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };

@@ -23,7 +23,8 @@
    Q8 activations; round to nearest, ties to even), and
      y = S8 + M,  S8 = sum over blocks b, in order, of (d_b * dx_b) * I_b (one fused multiply-add chain from 0),
                   I_b = the block's sum of q_k * xq_k (exact, in integers); M as above, from the fp32 x.
-   Integer products run 32 multiply-adds per instruction (vpmaddubsw) where fp32 runs 8 per FMA: faster
+   Integer products run 32 multiply-adds per instruction (vpmaddubsw; vpdpbusd with VNNI, which also sums them
+   into 32 bits in the same instruction: the same integers, so the same outputs) where fp32 runs 8 per FMA: faster
    products on AVX2 without AVX-512 / AMX, one row's and many rows' (measured: README, "int8"), at a lower
    precision (like bf16).
    Batch-invariant too: a row's quantization depends on the row alone. The blocks, in 4-column quads:

@@ -107,17 +107,24 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
    nibbles unpacked to bytes in registers (0..15), a block's 8 products per 16-bit lane summed there (< 32,767).
    Q8_0: signed weights, so |w| times x with w's sign (vpsignb), each product pair widened to 32 bits at once
    (two would overflow 16). */
+/* Pins a sum to a register: any of the 32 with AVX-512 ("v"), of the 16 AVX2 ones ("x") otherwise. */
+#ifdef __AVX512F__
+#define PIN(v) "+v"(v)
+#else
+#define PIN(v) "+x"(v)
+#endif
 AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx,
                 const float *xs, const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
     const int64_t nb = K / 32, bb = block_bytes(TYPE);
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    (void)ones; /* not needed with VNNI */
     __m256 acc[8][TILE_R]; /* G <= 4 here; 8 keeps tiles_t's (unused) wider shapes in bounds */
     zero_tile(acc, G, R);
     for (int64_t b = 0; b < nb; b++) {
         fetch_ahead(pf, b, G * bb);
         const uint8_t *blk = w + b * bb;
         const int8_t *xb = xq + b * 32;
-        __m256i s[8][TILE_R]; /* Q4_1: 16-bit sums of pairs; Q8_0: 32-bit sums */
+        __m256i s[8][TILE_R]; /* Q4_1: 16-bit sums of pairs (32-bit with VNNI); Q8_0: 32-bit sums */
 #pragma GCC unroll 4
         for (int i = 0; i < G; i++)
 #pragma GCC unroll 6
@@ -135,10 +142,14 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
                         int32_t a, c;
                         memcpy(&a, xb + r * K + 8 * v, 4);
                         memcpy(&c, xb + r * K + 8 * v + 4, 4);
+#ifdef WP_VNNI
+                        s[i][r] = dpbusd(dpbusd(s[i][r], lo, _mm256_set1_epi32(a)), hi, _mm256_set1_epi32(c));
+#else
                         s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
                         s[i][r] = _mm256_add_epi16(s[i][r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(c)));
+#endif
                         /* keep the sums in registers: unpinned, GCC computes all products first and spills them */
-                        __asm__("" : "+x"(s[i][r]));
+                        __asm__("" : PIN(s[i][r]));
                     }
                 }
         } else {
@@ -152,9 +163,13 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
                     for (int r = 0; r < R; r++) {
                         int32_t a;
                         memcpy(&a, xb + r * K + 4 * v, 4);
+#ifdef WP_VNNI
+                        s[i][r] = dpbusd(s[i][r], aq, _mm256_sign_epi8(_mm256_set1_epi32(a), q));
+#else
                         const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_set1_epi32(a), q));
                         s[i][r] = _mm256_add_epi32(s[i][r], _mm256_madd_epi16(p, ones));
-                        __asm__("" : "+x"(s[i][r]));
+#endif
+                        __asm__("" : PIN(s[i][r]));
                     }
                 }
         }
@@ -163,7 +178,11 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + i * gs)));
 #pragma GCC unroll 6
             for (int r = 0; r < R; r++) {
+#ifdef WP_VNNI
+                const __m256i sum = s[i][r];
+#else
                 const __m256i sum = TYPE == WP_Q4_1 ? _mm256_madd_epi16(s[i][r], ones) : s[i][r];
+#endif
                 acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(dx + r * nb + b)),
                                             _mm256_cvtepi32_ps(sum), acc[i][r]);
             }
@@ -189,6 +208,17 @@ AI void tiles_t(const wp_matrix *W, const int TYPE, const int INT8, const float 
         if (INT8) tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy, pf);   \
         else tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy, pf);                \
     }
+#if defined(WP_VNNI) && defined(__AVX512F__)
+    /* 32 vector registers: tiles of up to 24 sums and chains */
+    if (INT8) switch (R) {
+            case 1: TILE(4, 1) TILE(1, 1) break;
+            case 2: TILE(2, 2) TILE(1, 2) break;
+            case 3: TILE(4, 3) TILE(1, 3) break;
+            case 4: TILE(2, 4) TILE(1, 4) break;
+            case 5: TILE(2, 5) TILE(1, 5) break;
+            default: TILE(2, 6) TILE(1, 6) break;
+        }
+#else
     if (INT8) switch (R) {
             case 1: TILE(4, 1) TILE(1, 1) break;
             case 2: TILE(2, 2) TILE(1, 2) break;
@@ -197,6 +227,7 @@ AI void tiles_t(const wp_matrix *W, const int TYPE, const int INT8, const float 
             case 5: TILE(1, 5) break;
             default: TILE(1, 6) break;
         }
+#endif
     else switch (R) {
             case 1: TILE(8, 1) TILE(4, 1) TILE(1, 1) break;
             case 2: TILE(4, 2) TILE(1, 2) break;
