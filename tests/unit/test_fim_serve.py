@@ -125,3 +125,14 @@ def marker_free(text: str, fim) -> bool:
 def test_extra_needs_a_text_prompt(served):
     r = httpx.post(f"{served[0]}/v1/completions", json={"prompt": [1, 2, 3], "extra": EXTRA, "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "extra"
+
+
+def test_models_lists_what_is_loaded(family, served):
+    """/v1/models (server and router): architecture, quant mix, what the kernel reads, FIM template, context, KV."""
+    for url in served[:2]:
+        card = httpx.get(f"{url}/v1/models").json()["data"][0]
+        assert card["architecture"] == "qwen2" and card["context_length"] == 1024
+        assert card["quantization"] == {"F32": 11, "Q8_0": 16}  # norms and biases; 14 matrices, embedding, head
+        assert card["fim_template"] == family[0] and card["repo_context"] is True
+        assert card["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 4  # layers, K and V, kv heads, head_dim, fp32
+        assert card["kernel_weights"] in (None, ["q8_0"])

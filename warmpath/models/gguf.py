@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from gguf import GGUFReader
 
 from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.ggml_blocks import BLOCK_TYPES, SUPPORTED_TENSOR_TYPES, dequantize, raw_blocks
-from warmpath.models.gguf_meta import read_config, read_tokenizer
+from warmpath.models.gguf_meta import read_config, read_tokenizer, tensor_type_counts
 from warmpath.models.kernel_blocks import convert, kernel_kinds
 from warmpath.models.quant import QuantizedMatrix
 
@@ -76,11 +75,6 @@ class _Progress:
             log.info("loading %s: %3.0f%% of %.0f MB (%.1f s)", self.name, 100 * self.done / self.total,
                      self.total / 1e6, time.perf_counter() - self.start)
             self.next += 0.1
-
-
-def tensor_type_counts(reader: GGUFReader) -> dict[str, int]:
-    """The file's quant mix: tensors per GGUF type, e.g. {"Q4_K": 12, "Q5_0": 133, "F32": 121}."""
-    return dict(Counter(t.tensor_type.name for t in reader.tensors))
 
 
 def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:

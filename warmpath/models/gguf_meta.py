@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 from gguf import GGUFReader
 
 from warmpath.config import ModelConfig
@@ -57,3 +60,14 @@ def read_tokenizer(reader: GGUFReader) -> Tokenizer:
         add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
         chat_template=gguf_field(reader, "tokenizer.chat_template"),
     )
+
+
+def tensor_type_counts(reader: GGUFReader) -> dict[str, int]:
+    """The file's quant mix: tensors per GGUF type, e.g. {"Q4_K": 12, "Q5_0": 133, "F32": 121}."""
+    return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
+
+
+def quant_mix(path: str | Path) -> dict[str, int] | None:
+    """tensor_type_counts of a GGUF file (its header only); None for anything else (an HF directory)."""
+    path = Path(path)
+    return tensor_type_counts(GGUFReader(path)) if path.is_file() and path.suffix == ".gguf" else None

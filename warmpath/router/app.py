@@ -44,15 +44,15 @@ async def health(request: Request):
 
 @routes.get("/v1/models")
 async def models(request: Request):
-    return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "warmpath"}
-                                       for m in _proxy(request).model_names()]}
+    p = _proxy(request)
+    return {"object": "list", "data": [p.model_card(m) for m in p.model_names()]}
 
 
 @routes.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request):
     if model_id not in _proxy(request).model_names():
         raise ApiError(404, f"model {model_id!r} does not exist", param="model", code="model_not_found")
-    return {"id": model_id, "object": "model", "created": 0, "owned_by": "warmpath"}
+    return _proxy(request).model_card(model_id)
 
 
 @routes.get("/metrics")

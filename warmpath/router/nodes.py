@@ -35,6 +35,7 @@ class Node:
     in_flight: int = 0
     restarts_seen: int = 0
     models: list[str] = field(default_factory=list)
+    cards: dict[str, dict] = field(default_factory=dict)  # its /v1/models entries by id (what each model is)
     counters: dict[str, float] = field(default_factory=dict)  # last scraped value
     counter_base: dict[str, float] = field(default_factory=dict)  # sums of values before resets
     watches: set = field(default_factory=set)  # the attempts waiting on it (router/watch.py)
@@ -126,9 +127,11 @@ class NodeSet:
     async def _learn_models(self, node: Node) -> None:
         try:
             r = await self.http.get(node.url + "/v1/models", headers=self.headers, timeout=5)
-            node.models = [m["id"] for m in r.json().get("data", [])]
+            data = r.json().get("data", [])
+            node.models = [m["id"] for m in data]
+            node.cards = {m["id"]: m for m in data if isinstance(m, dict)}
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            node.models = []
+            node.models, node.cards = [], {}
 
     async def _loop(self) -> None:
         while True:

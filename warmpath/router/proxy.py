@@ -142,6 +142,11 @@ class Proxy:
         await self.nodes.stop()
         await self.http.aclose()
 
+    def model_card(self, name: str) -> dict:
+        """A model's /v1/models entry as a node serving it describes it (architecture, quantization, FIM, ...)."""
+        card = next((n.cards[name] for n in self.nodes.nodes.values() if name in n.cards), {})
+        return {**card, "id": name, "object": "model", "created": 0, "owned_by": "warmpath"}
+
     def model_names(self) -> list[str]:
         names = [self.config.served_model_name] if self.config.served_model_name else []
         for n in self.nodes.nodes.values():

@@ -25,6 +25,8 @@ from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
+from warmpath.models.gguf_meta import quant_mix
+from warmpath.models.registry import resolve_model
 from warmpath.server import editor_routes
 from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
@@ -48,8 +50,22 @@ class Frontend:
         self.logprob_format = LogprobFormatter(self.tokenizer)
         self.model_name = config.served_model_name or engine.config.model
         self.accepted_names = {self.model_name, engine.config.model}
+        self.model_card = self._model_card()
         if config.cache_isolation not in ("none", "key"):
             raise ValueError(f"cache_isolation must be none or key, got {config.cache_isolation!r}")
+
+    def _model_card(self) -> dict:
+        """The /v1/models entry, with what a deployer checks (warmpath's fields): the architecture, the file's quant
+        mix (tensors per GGUF type) and what the native kernel reads, the FIM template and whether it takes
+        repository context, the context length, and KV bytes per token in the cache's dtype."""
+        cfg, native = self.engine.model_config, self.engine.runner.native
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "warmpath",
+                "max_model_len": self.engine.max_model_len, "architecture": cfg.architecture,
+                "context_length": cfg.max_position_embeddings, "quantization": quant_mix(resolve_model(
+                    self.engine.config.model)), "kernel_weights": native.weight_kinds if native else None,
+                "fim_template": self.fim.name if self.fim else None,
+                "repo_context": bool(self.fim and self.fim.file_sep),
+                "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype.itemsize)}
 
     def cache_salt(self, body: SamplingFields, request: Request) -> str | None:
         """The request's prefix-cache salt: its `cache_salt`, and with cache_isolation "key" a hash of its API
@@ -176,17 +192,14 @@ async def health(request: Request):
 
 @routes.get("/v1/models")
 async def models(request: Request):
-    f = _frontend(request)
-    return {"object": "list", "data": [{"id": f.model_name, "object": "model", "created": 0,
-                                        "owned_by": "warmpath", "max_model_len": f.engine.max_model_len}]}
+    return {"object": "list", "data": [_frontend(request).model_card]}
 
 
 @routes.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request):
     f = _frontend(request)
     f.check_model(model_id)
-    return {"id": f.model_name, "object": "model", "created": 0, "owned_by": "warmpath",
-            "max_model_len": f.engine.max_model_len}
+    return f.model_card
 
 
 @routes.get("/metrics")
