@@ -5,7 +5,14 @@ from tiny_model import CHAT_TEMPLATE, tiny_tokenizer
 from tokenizers import AddedToken
 
 from warmpath.models.tokenizer import Tokenizer
-from warmpath.server.prompts import SuffixCutter, detect_fim, fim_stop_ids, render_chat, repo_context
+from warmpath.server.prompts import (
+    SuffixCutter,
+    detect_fim,
+    fim_stop_ids,
+    render_chat,
+    repo_context,
+    split_literal_fim,
+)
 
 
 def tokenizer_with(*special: str) -> Tokenizer:
@@ -29,6 +36,24 @@ def test_fim_family_detected_and_built(tokens, name, expected):
     assert fim.name == name and fim.build("P", "S") == expected
     ids = tok.encode(fim.build("P", "S"))
     assert all(tok.token_to_id(t) in ids for t in tokens)  # the markers are single special tokens
+
+
+@pytest.mark.parametrize("prompt,family", [
+    ("<fim_prefix>def f(x):\n    <fim_suffix>\n    return y<fim_middle>", "starcoder"),
+    ("<|fim_prefix|>def f(x):\n    <|fim_suffix|>\n    return y<|fim_middle|>", "qwen2.5-coder"),
+    ("<｜fim▁begin｜>def f(x):\n    <｜fim▁hole｜>\n    return y<｜fim▁end｜>", "deepseek-coder"),
+    ("[SUFFIX]\n    return y[PREFIX]def f(x):\n    ", "codestral"),
+])
+def test_another_familys_markers_written_in_a_prompt_are_read_as_prefix_and_suffix(prompt, family):
+    """Continue (provider: openai) renders a FIM layout as text for a model name it does not know."""
+    assert split_literal_fim(prompt, tokenizer_with()) == ("def f(x):\n    ", "\n    return y", family)
+
+
+def test_literal_markers_are_left_alone_when_the_model_has_them_or_they_do_not_frame_the_prompt():
+    starcoder = tokenizer_with("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+    assert split_literal_fim("<fim_prefix>a<fim_suffix>b<fim_middle>", starcoder) is None
+    assert split_literal_fim("x = '<fim_prefix>a<fim_suffix>b<fim_middle>'", tokenizer_with()) is None
+    assert split_literal_fim("<fim_prefix>a<fim_suffix>b<fim_suffix>c<fim_middle>", tokenizer_with()) is None
 
 
 def test_no_fim_tokens_means_prefix_only():

@@ -214,6 +214,20 @@ def test_fim_without_fim_tokens_completes_from_prefix(server):
     assert body["fim_mode"] == "prefix-only" and "print(add(1, 2))" not in body["choices"][0]["text"]
 
 
+def test_a_prompt_in_another_familys_fim_layout_is_filled_not_continued(server):
+    """Continue's provider: openai sends `<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>` as text; this
+    model has no such tokens, so the server completes the prefix as for `suffix` and says so in fim_mode."""
+    url, _ = server
+    literal = f"<fim_prefix>{CODE}<fim_suffix>\n\nprint(add(1, 2))\n<fim_middle>"
+    got = httpx.post(f"{url}/v1/completions", json={"prompt": literal, "max_tokens": 8, "temperature": 0},
+                     timeout=60).json()
+    plain = httpx.post(f"{url}/v1/completions", json={"prompt": CODE, "suffix": "\n\nprint(add(1, 2))\n",
+                                                      "max_tokens": 8, "temperature": 0}, timeout=60).json()
+    assert got["fim_mode"] == "prefix-only; the prompt's starcoder markers read as prefix and suffix"
+    assert got["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert got["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+
+
 def test_metrics_and_health(server):
     url, _ = server
     text = httpx.get(f"{url}/metrics").text

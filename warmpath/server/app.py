@@ -31,7 +31,14 @@ from warmpath.server import editor_routes
 from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
 from warmpath.server.logprobs import LogprobFormatter
-from warmpath.server.prompts import ContextFile, PromptEncoder, SuffixCutter, detect_fim, repo_context
+from warmpath.server.prompts import (
+    ContextFile,
+    PromptEncoder,
+    SuffixCutter,
+    detect_fim,
+    repo_context,
+    split_literal_fim,
+)
 
 SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
 
@@ -85,14 +92,19 @@ class Frontend:
         self.check_model(body.model)
         cutter, fim_mode = None, None
         if isinstance(body.prompt, str):
-            text = body.prompt
+            prefix, suffix, literal = body.prompt, body.suffix, None
+            if not suffix and (split := split_literal_fim(prefix, self.tokenizer)):  # another family's markers
+                prefix, suffix, literal = split
+            text = prefix
             # Other files of the repository, before the prefix (stable: they stay in the prefix cache)
             context = repo_context([ContextFile(e.filename, e.text) for e in body.extra or []], self.fim)
-            if body.suffix or (context and self.fim is not None):
+            if suffix or literal or (context and self.fim is not None):
                 if self.fim is not None:
-                    text, fim_mode = self.fim.build(body.prompt, body.suffix or "", context), self.fim.name
+                    text, fim_mode = self.fim.build(prefix, suffix or "", context), self.fim.name
                 else:  # no FIM tokens: complete from the prefix, cut where the suffix starts repeating
-                    text, cutter, fim_mode = context + body.prompt, SuffixCutter(body.suffix), "prefix-only"
+                    text, cutter, fim_mode = context + prefix, SuffixCutter(suffix or ""), "prefix-only"
+                if literal:
+                    fim_mode += f"; the prompt's {literal} markers read as prefix and suffix"
             else:
                 text = context + body.prompt
             prompt_ids = await self.encoder.encode(text)

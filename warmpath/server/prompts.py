@@ -10,6 +10,7 @@ can never close its turn or open a forged system turn; only the template itself 
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -107,6 +108,24 @@ def detect_fim(tokenizer: Tokenizer) -> FimTemplate | None:
             if t.repo_header and not has(t.repo_header.split("{repo}")[0]):
                 return replace(t, repo_header=None)
             return t
+    return None
+
+
+def split_literal_fim(prompt: str, tokenizer: Tokenizer) -> tuple[str, str, str] | None:
+    """(prefix, suffix, family) when the prompt is exactly one family's FIM layout written out as text (Continue
+    with `provider: openai` renders `<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>` itself for a model
+    name it does not know) and this model does not have that family's tokens: the server then fills the hole
+    its own way instead of completing the markers as text. None otherwise."""
+    for t in FIM_TEMPLATES:
+        if not all(tok in prompt for tok in t.tokens):
+            continue
+        if all(tok in tokenizer.special_tokens or tokenizer.token_to_id(tok) is not None for tok in t.tokens):
+            return None  # the model's own markers: they are tokenized as its special tokens
+        pattern = re.escape(t.layout.replace("{context}", "")).replace(r"\{prefix\}", "(?P<prefix>.*)")
+        pattern = pattern.replace(r"\{suffix\}", "(?P<suffix>.*)")
+        m = re.fullmatch(pattern, prompt, re.DOTALL)
+        if m and not any(tok in m["prefix"] or tok in m["suffix"] for tok in t.tokens):
+            return m["prefix"], m["suffix"], t.name
     return None
 
 
