@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, GGUFReader
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
@@ -20,6 +20,7 @@ from warmpath import LLM
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.kernels.native import NativeForward
 from warmpath.models.ggml_blocks import BLOCK_TYPES, dequantize, raw_blocks
+from warmpath.models.gguf_meta import read_config
 from warmpath.models.kernel_blocks import convert, kernel_kind, kernel_kinds
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
@@ -159,3 +160,23 @@ def test_a_uniform_q8_0_file_is_counted_by_the_footprint(tmp_path):
     llm = LLM(str(path), dtype="float32", kernel="native", num_kv_blocks=8)
     assert llm.engine.runner.native.weight_kinds == ["q8_0"]
     assert llm.engine.runner.native.weight_bytes == native_weight_bytes(llm.model_config, "q8_0", "q8_0")
+
+
+def test_rope_scaling_it_cannot_apply_is_refused(tmp_path):
+    """DeepSeek-Coder's GGUFs carry linear RoPE scaling (x4): refused by name rather than computed wrong."""
+    path, _, _ = write_gguf(tmp_path / "scaled.gguf", "llama", uniform(Q.Q8_0))
+    reader = GGUFReader(path)
+    assert read_config(reader).architecture == "llama"
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "meta.gguf"), "llama")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, field.contents(), field.types[0], field.types[1] if len(field.types) > 1 else None)
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(4.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="RoPE scaling 'linear' x4 is not supported"):
+        read_config(GGUFReader(tmp_path / "meta.gguf"))

@@ -22,6 +22,10 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     arch = gguf_field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: {SUPPORTED_ARCHITECTURES})")
+    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = float(gguf_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if scaling not in ("none", None) and factor != 1.0:  # e.g. DeepSeek-Coder 1.3B/6.7B: linear, 4x
+        raise ValueError(f"RoPE scaling {scaling!r} x{factor:g} is not supported yet: its logits would be wrong")
     hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
     heads = int(gguf_field(reader, f"{arch}.attention.head_count"))
     names = {t.name for t in reader.tensors}
