@@ -67,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kv_bytes = engine.stats()["kv_cache_bytes"]
     print(f"memory: weights {engine.weight_bytes / 2**20:.0f} MiB + KV {kv_bytes / 2**20:.0f} MiB "
           f"(~{engine.pool.num_blocks * cfg.block_size / 4096:.1f} warm 4k-token sessions)"
-          + (f", budget {cfg.memory_budget}" if cfg.memory_budget else ""), flush=True)
+          + (f", budget {cfg.memory_budget}" if cfg.memory_budget else "")
+          + f"; speculative decoding: {cfg.speculative_method}", flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     serving.run(app, server, args.log_level)  # under the config's connection limits

@@ -87,8 +87,9 @@ class EngineConfig:
     allow_nondeterministic: bool = False
     # Speculative decoding (engine/speculative.py): "ngram" guesses from the request's own tokens, "suffix" also
     # from its session's earlier requests; each guess is verified in the request's next step and kept only where
-    # the model samples it, so outputs are the model's own. "none": off.
-    speculative_method: str = "none"
+    # the model samples it, so outputs are the model's own; a step verifies guesses only while this machine's
+    # measured step times say it pays (README, "Speculative decoding"). "none": off.
+    speculative_method: str = "suffix"
     num_speculative_tokens: int = 4  # the most tokens guessed for a request in one step
     speculative_max_seqs: int = 4  # no guessing in a step with more decoding requests (compute-bound there)
     seed: int = 0
