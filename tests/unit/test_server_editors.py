@@ -67,9 +67,11 @@ def test_ollama_deadline_is_an_empty_response_and_disconnect_aborts(server):
     name = model_name(url)
     late = ollama.Client(host=url, headers={"X-Deadline-Ms": "5"})
     r = late.generate(model=name, prompt=CODE * 12, suffix=SUFFIX, options={"num_predict": 300})
-    assert r.done and r.response == "" and r.done_reason == "deadline"
+    # silence either way: "overloaded" when work still queued (an aborted request the step thread has not
+    # dropped yet) already makes 5 ms impossible, "deadline" when it ran out
+    assert r.done and r.response == "" and r.done_reason in ("deadline", "overloaded")
     parts = list(late.generate(model=name, prompt=CODE * 12, stream=True, raw=True, options={"num_predict": 300}))
-    assert parts[-1].done and parts[-1].done_reason == "deadline"
+    assert parts[-1].done and parts[-1].done_reason in ("deadline", "overloaded")
     wait_for_step(app, lambda e: not e.requests)
     before = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
 
