@@ -147,3 +147,18 @@ def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
     assert server["aborted_client"] > 0
     assert finished <= s["outcomes"]["shown"] + 2, (finished, s["outcomes"], server)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_replays_the_same_trace_through_infill(server, tmp_path):
+    """llama.vim's protocol for the same editor traffic: suggestions shown, stale ones aborted, the prefix
+    cache reused keystroke to keystroke (tokens_cached, as llama.cpp reports it)."""
+    url, _ = server
+    out = tmp_path / "infill.json"
+    rc = main(["bench", "--target", url, "--protocols", "infill", "--workload", "editor", "--developers", "3",
+               "--duration", "12", "--rate", "400", "--seed", "2", "--deadline-ms", "5000", "--json", str(out),
+               "--no-progress"])
+    assert rc == 0
+    s = json.loads(out.read_text())["summaries"][0]
+    assert s["requests"] > 3 and s["outcomes"]["error"] == 0 and s["outcomes"]["shown"] > 0
+    assert 0 < s["prefix_hit_rate"] <= 1 and s["server"]["aborted_client"] > 0
+    assert main(["bench", "--target", url, "--protocols", "infill,openai", "--no-progress"]) == 2

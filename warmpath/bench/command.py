@@ -15,7 +15,7 @@ from pathlib import Path
 
 from warmpath.bench.report import summarize, table
 from warmpath.bench.runner import RunResult, replay
-from warmpath.client.completion import ERROR, Target
+from warmpath.client.completion import ERROR, PROTOCOLS, Target
 from warmpath.client.outcome import censored_ttfts
 from warmpath.config import SLO, BenchConfig, ClientConfig
 from warmpath.workloads import WORKLOADS, Trace, make_trace
@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="http://127.0.0.1:8000", help="server under test (default: %(default)s)")
     p.add_argument("--baseline", action="append", default=[], help="server(s) to compare against, same trace")
     p.add_argument("--names", help="comma-separated labels for target and baselines (default: from the URLs)")
+    p.add_argument("--protocols", help="comma-separated, per target and baseline: openai (/v1/completions, the "
+                   "default) or infill (llama.cpp's /infill, as llama.vim sends it)")
     p.add_argument("--api-key", help="Bearer key for every server")
     p.add_argument("--workload", choices=WORKLOADS, default=B.workload)
     p.add_argument("--developers", type=int, default=B.developers, help="sessions: developers (and agents, for mixed)")
@@ -98,10 +100,14 @@ def run(args: argparse.Namespace) -> int:
           f"seed {meta.get('seed')}, idle time compressed x{meta.get('rate')}: {keys} keystrokes, {turns} agent turns",
           file=sys.stderr)
     runs: list[RunResult] = []
-    for i, (url, name) in enumerate(zip(urls, names, strict=True)):
+    protocols = args.protocols.split(",") if args.protocols else ["openai"] * len(urls)
+    if len(protocols) != len(urls) or not set(protocols) <= set(PROTOCOLS):
+        print(f"error: --protocols needs one of {', '.join(PROTOCOLS)} per server", file=sys.stderr)
+        return 2
+    for i, (url, name, protocol) in enumerate(zip(urls, names, protocols, strict=True)):
         if i:
             time.sleep(args.cooldown)
-        result = asyncio.run(replay(trace, Target(url, api_key=args.api_key), cfg, label=name,
+        result = asyncio.run(replay(trace, Target(url, api_key=args.api_key, protocol=protocol), cfg, label=name,
                                     progress=args.progress))
         if result.metrics_before and result.metrics_before.get("prefix_queried_tokens"):
             print(f"note: {name} has served before this run; its cache may hold prefixes from earlier runs",

@@ -17,11 +17,15 @@ __all__ = ["CANCELLED", "COMPLETED", "DROPPED", "ERROR", "SHOWN", "RequestRecord
            "monotonic_clock", "sse_events", "stream_completion"]
 
 
+PROTOCOLS = ("openai", "infill")  # /v1/completions, or llama.cpp's /infill (what llama.vim / llama.vscode send)
+
+
 @dataclass
 class Target:
     url: str  # base URL, e.g. http://127.0.0.1:8000 (with or without /v1)
     model: str | None = None
     api_key: str | None = None
+    protocol: str = "openai"
 
     @property
     def api(self) -> str:
@@ -76,6 +80,25 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[dict]:
         yield json.loads("\n".join(data))
 
 
+def _as_infill(body: dict) -> dict:
+    """An OpenAI completions body as llama.cpp's /infill takes it (the fields llama.vim sends)."""
+    out = {"input_prefix": body["prompt"], "input_suffix": body.get("suffix") or "", "n_predict": body["max_tokens"],
+           "temperature": body.get("temperature", 0), "stream": True, "cache_prompt": True, "samplers": ["top_k"]}
+    if body.get("stop"):
+        out["stop"] = body["stop"]
+    return out
+
+
+def _infill_choices(event: dict, rec: RequestRecord) -> list[dict]:
+    """An /infill event as the choices of an OpenAI chunk; its counts into rec."""
+    rec.prompt_tokens = event.get("tokens_evaluated", rec.prompt_tokens)
+    rec.cached_tokens = event.get("tokens_cached", rec.cached_tokens)
+    if event.get("stop"):
+        rec.tokens = event.get("tokens_predicted", rec.tokens)
+        return [{"text": event.get("content") or "", "finish_reason": event.get("finish_reason") or "stop"}]
+    return [{"text": event.get("content") or ""}]
+
+
 def _delta_text(choice: dict) -> str:
     if "text" in choice:
         return choice["text"] or ""
@@ -96,6 +119,10 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     if target.model:
         body.setdefault("model", target.model)
+    infill = target.protocol == "infill"
+    path = target.root + "/infill" if infill else target.api + "/completions"
+    if infill:
+        body = _as_infill(body)
     loop = asyncio.get_running_loop()
     start = loop.time()
     first = first_token_deadline_s if first_token_deadline_s is not None else total_deadline_s
@@ -109,7 +136,7 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
 
     try:
         async with asyncio.timeout_at(None if first is None else start + first) as timer:
-            async with http.stream("POST", target.api + "/completions", json=body, headers=headers) as resp:
+            async with http.stream("POST", path, json=body, headers=headers) as resp:
                 rec.node = resp.headers.get("x-warmpath-node")
                 if resp.status_code != 200:
                     await resp.aread()
@@ -130,7 +157,7 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                         rec.tokens = usage.get("completion_tokens", rec.tokens)
                         rec.prompt_tokens = usage.get("prompt_tokens")
                         rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                    for choice in event.get("choices") or []:
+                    for choice in _infill_choices(event, rec) if infill else event.get("choices") or []:
                         text = _delta_text(choice)
                         if text:
                             now = clock()
