@@ -1,8 +1,9 @@
 """`warmpath route` speaks the editor protocols too, in front of real tiny-model servers on loopback: llama.vim's
 /infill keeps its session on one node with only a bearer token (the one header it can set) and hits that node's
-prefix cache; the ollama and mistralai clients get the node's text through the router, whole and streamed; past
-the deadline each protocol's empty answer; a disconnect reaches the node; bad input and the router's own faults
-in each protocol's shape."""
+prefix cache; Tabby's completions (on OpenAI's path) keep theirs by `user` or bearer token, and greedy ones are
+cached; the ollama and mistralai clients get the node's text through the router, whole and streamed; past the
+deadline each protocol's empty answer; a disconnect reaches the node; bad input and the router's own faults in
+each protocol's shape."""
 
 import asyncio
 import contextlib
@@ -75,12 +76,41 @@ def test_ollama_and_mistral_clients_through_the_router(fleet):
         assert "".join(e.data.choices[0].delta.content or "" for e in events) == want
 
 
+def test_tabby_keeps_its_node_by_user_or_token_and_greedy_answers_are_cached(fleet):
+    urls = list(fleet)
+    with router(urls) as (rurl, _):
+        body = {"language": "python", "segments": {"prefix": CODE, "suffix": "\n\nprint(add(1, 2))\n"}, "user": "dana"}
+        home = HashRing(urls).home("dana")
+        direct = httpx.post(f"{home}/v1/completions", json=body, timeout=60).json()
+        r = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.headers["x-warmpath-node"] == home
+        assert r.json()["choices"] == direct["choices"]
+        again = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60)  # greedy: Tabby's default here
+        assert again.headers.get("x-warmpath-cache") == "hit" and again.json()["choices"] == direct["choices"]
+        sampled = httpx.post(f"{rurl}/v1/completions", json={**body, "temperature": 0.5}, timeout=60)
+        assert sampled.status_code == 200 and "x-warmpath-cache" not in sampled.headers
+        for dev in ("erin-key", "frank-key"):  # tabby-agent's `token`, no user: the bearer token is the session
+            auth = {"Authorization": f"Bearer {dev}"}
+            key_home = HashRing(urls).home("key-" + hashlib.sha256(f"Bearer {dev}".encode()).hexdigest()[:32])
+            for n in range(2):
+                seg = {"prefix": f"# {dev} {n}\n" + CODE, "suffix": ""}
+                r = httpx.post(f"{rurl}/v1/completions", json={"segments": seg}, headers=auth, timeout=60)
+                assert r.status_code == 200 and r.headers["x-warmpath-node"] == key_home
+        name = httpx.get(f"{home}/v1/models").json()["data"][0]["id"]
+        assert httpx.get(f"{rurl}/v1/health").json()["model"] == name  # a node's health: the agent offers completions
+        assert httpx.get(f"{rurl}/v1beta/server_setting").json() == {"disable_client_side_telemetry": True}
+        event = {"type": "select", "completion_id": "cmpl-1", "choice_index": 0}
+        assert httpx.post(f"{rurl}/v1/events", json=event).status_code == 200
+        assert httpx.post(f"{rurl}/v1/events", json={**event, "type": "nope"}).status_code == 400
+
+
 @pytest.mark.parametrize("path,body,empty", [
     ("/infill", {"input_prefix": CODE * 60, "n_predict": 300}, lambda b: b["content"] == ""),
     ("/api/generate", {"model": None, "prompt": CODE * 60, "raw": True, "stream": False,
                        "options": {"num_predict": 300}}, lambda b: b["response"] == "" and b["done"]),
     ("/v1/fim/completions", {"model": None, "prompt": CODE * 60, "max_tokens": 300},
      lambda b: b["choices"][0]["message"]["content"] == ""),
+    ("/v1/completions", {"segments": {"prefix": CODE * 60}}, lambda b: b["choices"][0]["text"] == ""),  # Tabby's
 ])
 def test_past_the_deadline_each_protocol_gets_its_empty_answer(fleet, path, body, empty):
     node, app = next(iter(fleet.items()))
@@ -118,7 +148,15 @@ def test_bad_input_is_the_nodes_and_the_routers_faults_are_the_protocols(fleet):
             routed = httpx.post(f"{rurl}{path}", content=content)
             assert routed.status_code == direct.status_code and 400 <= direct.status_code < 500
             assert routed.json() == direct.json()
+        for payload in ({"segments": {"prefix": 1}}, {"segments": None}):  # Tabby's errors are plain text
+            direct = httpx.post(f"{node}/v1/completions", json=payload)
+            routed = httpx.post(f"{rurl}/v1/completions", json=payload)
+            assert routed.status_code == direct.status_code and 400 <= direct.status_code < 500
+            assert routed.text == direct.text and routed.headers["content-type"].startswith("text/plain")
     with router([f"http://127.0.0.1:{free_port()}"]) as (rurl, _):
+        for path, method in (("/v1/completions", "POST"), ("/v1/health", "GET")):
+            r = httpx.request(method, f"{rurl}{path}", json={"segments": {"prefix": "x"}} if method == "POST" else None)
+            assert r.status_code == 503 and r.headers["content-type"].startswith("text/plain") and r.text
         r = httpx.post(f"{rurl}/infill", json={"input_prefix": "x"})
         assert r.status_code == 503 and set(r.json()["error"]) == {"code", "message", "type"}
         r = httpx.post(f"{rurl}/api/generate", json={"model": "m", "prompt": "x"})

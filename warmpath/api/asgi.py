@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from warmpath.api.protocol import ApiError, error_body
@@ -87,6 +87,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError):
+        if isinstance(e.body, str):  # a protocol whose errors are plain text (Tabby's)
+            return PlainTextResponse(e.body, status_code=e.status)
         return JSONResponse(e.body, status_code=e.status)
 
     @app.exception_handler(HTTPException)

@@ -37,6 +37,8 @@ class Fill:
     suffix: str | None = None  # None: a plain completion of the prefix
     middle: str = ""
     extra: list[Extra] = field(default_factory=list)  # in the client's order (stable keystroke to keystroke)
+    repo: str = ""  # the repository's name (Tabby's git_url): the context's repo header, where the family has one
+    filename: str = ""  # the file being edited (Tabby's filepath): the context's last file separator names it
     chat: bool = False  # the prefix is a user turn for the model's chat template (Ollama's generate, not raw)
     system: str | None = None  # that turn's system message
     max_tokens: int | None = None  # None: up to the context; 0: only fill the cache (the warm-up)
@@ -59,9 +61,11 @@ class Fill:
 
     def routing_text(self) -> str:
         """What the router's prefix policy hashes: the parts in the order the server renders them (context,
-        prefix, line), so requests that share a rendered prefix share a routing prefix."""
-        context = "".join(f"{e.filename}\x1f{e.text}\x1e" for e in self.extra)
-        return context + self.prefix + self.middle
+        sorted as repo_context sorts it, then prefix, line), so requests that share a rendered prefix share a
+        routing prefix."""
+        context = "".join(sorted({f"{e.filename}\x1f{e.text}\x1e" for e in self.extra}))
+        where = f"{self.repo}\x1f{self.filename}\x1d" if self.extra and (self.repo or self.filename) else ""
+        return where + context + self.prefix + self.middle
 
 
 @dataclass
@@ -105,8 +109,9 @@ def parse_json(raw: bytes, error) -> dict:
     return body
 
 
-def shaped(status: int, body: dict) -> ApiError:
-    """An ApiError answered with `body` as it is: a protocol's own error shape (see asgi.install_error_handlers)."""
+def shaped(status: int, body: dict | str) -> ApiError:
+    """An ApiError answered with `body` as it is: a protocol's own error shape, JSON or (a str) plain text (see
+    asgi.install_error_handlers)."""
     e = ApiError(status, "")
     e.body, e.shaped = body, True  # shaped: already the protocol's (server/editors.py converts the others)
     return e

@@ -12,7 +12,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from warmpath.api import ollama
+from warmpath.api import ollama, tabby
 from warmpath.api.asgi import install_error_handlers
 from warmpath.api.guard import GuardMiddleware
 from warmpath.api.protocol import ApiError
@@ -143,6 +143,25 @@ async def ollama_version():
 async def ollama_show(request: Request):
     """A node's own answer (its template says how it fills in the middle)."""
     return await _proxy(request).ask_a_node(request, "/api/show")
+
+
+@routes.get("/v1/health")
+@routes.post("/v1/health", operation_id="tabby_health_post")
+async def tabby_health(request: Request):
+    """Tabby's health, a node's (its model and device): tabby-agent offers completions once it names a model."""
+    return await _proxy(request).ask_a_node(request, "/v1/health", tabby)
+
+
+@routes.get("/v1beta/server_setting")
+async def tabby_server_setting():
+    return tabby.server_setting()
+
+
+@routes.post("/v1/events")
+async def tabby_events(request: Request):
+    """Accepted and dropped here, as on a node."""
+    tabby.check_event(await request.body())
+    return Response(status_code=200)
 
 
 def create_router_app(config: RouterConfig) -> FastAPI:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import httpx
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from warmpath.api import infill, mistral, ollama
+from warmpath.api import infill, mistral, ollama, tabby
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
 from warmpath.api.fill import Fill, Outcome
@@ -40,9 +40,10 @@ from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the chosen node, then one failover
-# The editor protocols, by path: each body read as its Fill (api/fill.py), answered in its own shapes.
+# The editor protocols, by path: each body read as its Fill (api/fill.py), answered in its own shapes. Tabby's
+# shares /v1/completions with OpenAI's: told apart by the body (editor_wire).
 EDITOR_WIRES = {path: w for w in (infill, ollama, mistral) for path in w.PATHS}
-CACHEABLE = {mistral}  # answers cache.complete_answer can judge (llama.cpp's and Ollama's are never stored)
+CACHEABLE = {mistral, tabby}  # answers cache.complete_answer can judge (llama.cpp's and Ollama's are never stored)
 STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
 
 
@@ -67,6 +68,13 @@ class Routed:
         return (self.body or {}).get("model")
 
 
+def editor_wire(path: str, body: dict | None):
+    """The editor protocol a request speaks (its api/ module), None for OpenAI's."""
+    if path == "/v1/completions":
+        return tabby if tabby.speaks(body) else None
+    return EDITOR_WIRES.get(path)
+
+
 def read_request(path: str, raw: bytes, headers) -> Routed:
     """ApiError (400) for a bad X-Deadline-Ms, with the node's own message."""
     deadline = parse_deadline(headers, time.monotonic())
@@ -77,8 +85,8 @@ def read_request(path: str, raw: bytes, headers) -> Routed:
     if not isinstance(body, dict):
         body = None
     b = body or {}
-    if path in EDITOR_WIRES:
-        editor = EDITOR_WIRES[path]
+    editor = editor_wire(path, body)
+    if editor is not None:
         try:
             fill = editor.parse(raw)
         except ApiError:
@@ -153,18 +161,19 @@ class Proxy:
             names += [m for m in n.models if m not in names]
         return names
 
-    async def ask_a_node(self, request: Request, path: str) -> Response:
-        """A metadata request (no routing, no cache): the least loaded available node of the last tier answers."""
-        available, meta = self.nodes.available(self.tiers[-1]), Routed(path, b"", None, None, "", "fill", False,
-                                                                         None, ollama)
+    async def ask_a_node(self, request: Request, path: str, wire=ollama) -> Response:
+        """A metadata request (no routing, no cache): the least loaded available node of the last tier answers, to
+        the same method; faults in `wire`'s shape."""
+        available = self.nodes.available(self.tiers[-1])
+        meta = Routed(path, b"", None, None, "", "fill", False, None, wire=wire)
         if not available:
             return fault(meta, 503, "no healthy node", "no_healthy_node")
         url = min(available, key=lambda u: self.nodes.loads().get(u, 0))
         auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
         headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
         try:
-            r = await self.http.post(url + path, content=await request.body(), headers=headers,
-                                     timeout=self.config.response_timeout)
+            r = await self.http.request(request.method, url + path, content=await request.body(), headers=headers,
+                                        timeout=self.config.response_timeout)
         except httpx.HTTPError as e:
             return fault(meta, 502, repr(e), "upstream_failed")
         return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
@@ -182,8 +191,9 @@ class Proxy:
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
         if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (None, *CACHEABLE):
-            # per tenant: see cache.py
-            routed.key = cache_key(routed.path, routed.body, request.headers.get("authorization", "").encode("latin-1"))
+            # per tenant: see cache.py; an editor protocol's own default temperature decides (Tabby's is greedy)
+            body = routed.body if routed.fill is None else {**routed.body, "temperature": routed.fill.temperature}
+            routed.key = cache_key(routed.path, body, request.headers.get("authorization", "").encode("latin-1"))
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
@@ -332,10 +342,11 @@ class Proxy:
             await resp.aclose()
 
 
-def fault(routed: Routed, status: int, message: str, code: str) -> JSONResponse:
-    """The router's own error, in the request's protocol."""
+def fault(routed: Routed, status: int, message: str, code: str) -> Response:
+    """The router's own error, in the request's protocol (JSON, or Tabby's plain text)."""
     body = routed.wire.error(status, message).body if routed.wire else error_body(message, "server_error", code=code)
-    return JSONResponse(body, status_code=status)
+    return PlainTextResponse(body, status_code=status) if isinstance(body, str) else \
+        JSONResponse(body, status_code=status)
 
 
 def silence_events(routed: Routed) -> bytes:

@@ -219,10 +219,14 @@ async def prometheus(request: Request):
     return Response(_frontend(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@routes.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     received, f = time.monotonic(), _frontend(request)
     return await f.respond(await f.completion_job(body, request, received), body, request)
+
+
+# Tabby's completions share the path: the route tells the two by the body's shape (api/tabby.py speaks)
+routes.add_api_route("/v1/completions", completions, methods=["POST"],
+                     route_class_override=editor_routes.SharedCompletions)
 
 
 @routes.post("/v1/chat/completions")

@@ -3,8 +3,8 @@ one Fill, rendered (repository context, then FIM or prefix-only, then the cursor
 context, run as a Job like any completion, and answered in that protocol's shape: its answer, its stream, its
 silence past the deadline (empty text, never an error) and its errors.
 
-A protocol here is a module: NAME, STREAM_MEDIA, parse(raw) -> Fill, error(status, message), answer / event /
-end (an Outcome in its shape), stream_error.
+A protocol here is a module: NAME, parse(raw) -> Fill, error(status, message), answer (an Outcome in its
+shape); one that streams also STREAM_MEDIA, event / end and stream_error.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class Editors:
     def render(self, fill: Fill) -> tuple[str, SuffixCutter | None, str | None]:
         """(prompt text, suffix cutter, fim_mode): repository context, then the FIM layout or the prefix, then the
         cursor's line (last, so what comes before it stays cached while the developer types along the line)."""
-        context = repo_context([ContextFile(e.filename, e.text) for e in fill.extra], self.f.fim)
+        context = repo_context([ContextFile(e.filename, e.text) for e in fill.extra], self.f.fim, fill.repo,
+                               fill.filename)
         if fill.suffix is None:
             return context + fill.prefix + fill.middle, None, None
         if self.f.fim is not None:
