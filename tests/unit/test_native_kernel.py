@@ -266,10 +266,12 @@ def test_decode_steps_thread_count(tiny_llama_dir, kernel):
             llm = LLM(str(tiny_llama_dir), dtype="float32", kernel=kernel, num_decode_threads=configured)
             runner = llm.engine.runner
             decodes = [SeqInput([5], 10, [0]), SeqInput([7], 3, [1])]
-            assert runner.route(decodes).threads == expected
+            assert runner.route(decodes).threads == expected  # measured ones (native, none configured): all first
             assert runner.route([*decodes, SeqInput([1, 2, 3], 0, [2])]).threads == 2
             out = llm.generate("def add(a, b):\n", GREEDY)[0]
-            assert len(out.token_ids) == GREEDY.max_tokens and torch.get_num_threads() == expected
+            assert len(out.token_ids) == GREEDY.max_tokens
+            if runner.tuner is None:
+                assert torch.get_num_threads() == expected
     finally:
         torch.set_num_threads(before)
 

@@ -135,7 +135,7 @@ class Engine:
         if native is not None:
             native.attach_kv_cache(kv)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
-                                  config.num_decode_threads, self.plan)
+                                  config.num_decode_threads, self.plan, config.thread_tuning)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
