@@ -50,7 +50,9 @@ class Lsp:
 
     def __init__(self, argv: list[str], env: dict, log_path: Path):
         self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+        # in the log's folder: the agent's logger writes its audit.json into the working directory
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                     cwd=log_path.parent)
         self.next_id, self.replies, self.notes, self.ended = 0, {}, queue.Queue(), False
         self.lock, self.arrived = threading.Lock(), threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
