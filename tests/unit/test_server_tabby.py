@@ -91,6 +91,15 @@ def test_snippets_are_repository_context_in_a_stable_order(server):
     assert plain.json()["choices"][0]["text"] == openai(url, prompt=CODE, suffix=SUFFIX)["choices"][0]["text"]
 
 
+def test_what_does_not_fit_goes_first_recently_opened_then_changed_then_declarations():
+    fill = api.parse(json.dumps({"segments": segments(
+        CODE, declarations=DECLARATIONS, relevant_snippets_from_changed_files=CHANGED,
+        relevant_snippets_from_recently_opened_files=OPENED, git_url="https://github.com/acme/shapes.git/")}).encode())
+    # server/editors.py fit() leaves out Fill.extra from its front: Tabby's priority, reversed
+    assert [e.filename for e in fill.extra] == ["main.py", "util.py", "geometry/rect.py", "geometry/base.py"]
+    assert fill.repo == "shapes" == api.repo_name("git@github.com:acme/shapes.git") and fill.max_tokens == 64
+
+
 def test_crlf_files_are_prompted_in_lf_and_answered_in_crlf(server):
     url, _ = server
     lf = tabby(url, {"segments": segments(CODE)}).json()["choices"][0]["text"]
