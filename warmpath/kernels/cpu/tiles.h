@@ -117,7 +117,7 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
                 const float *xs, const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
     const int64_t nb = K / 32, bb = block_bytes(TYPE);
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    (void)ones; /* not needed with VNNI */
+    (void)ones;            /* not needed with VNNI */
     __m256 acc[8][TILE_R]; /* G <= 4 here; 8 keeps tiles_t's (unused) wider shapes in bounds */
     zero_tile(acc, G, R);
     for (int64_t b = 0; b < nb; b++) {
