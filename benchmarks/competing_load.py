@@ -6,7 +6,7 @@ tokens out, each prompt different) for --seconds; reported: requests completed a
     python benchmarks/competing_load.py [--configs plan,bf16] [--seconds 45]
 
 `plan` is warmpath as it ships (the plan measured on this machine); `plan-tuned` adds `--thread-tuning` (one
-thread or every core per step class, measured as it runs); `bf16` is `--dtype bfloat16` (torch in bf16: the
+thread while another process holds a core); `bf16` is `--dtype bfloat16` (torch in bf16: the
 default before plans on a CPU with bf16); `fp32` is `--dtype float32`.
 """
 

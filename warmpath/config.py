@@ -62,9 +62,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
-    # Measure every core vs one thread per step class as the engine runs and use the faster (engine/threads.py):
-    # for a machine shared with other work. Off by default: its tries of the slower count are not yet cheap
-    # enough under heavy contention (README, "A busy machine").
+    # One thread while another process holds a core, every core otherwise, from what the OS counts during the
+    # native kernel's steps (engine/threads.py): for a machine shared with other work. Off by default: on an idle
+    # machine it still mistakes a single decode row's serial stretches for contention (README, "A busy machine").
     thread_tuning: bool = False
     # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU

@@ -3,13 +3,12 @@ share into tensors (ids, positions, slot mapping, block tables), runs both, retu
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from warmpath.engine.plan import Plan
-from warmpath.engine.threads import ThreadTuner, step_class
+from warmpath.engine.threads import ThreadChoice, sample
 from warmpath.kernels.native import NativeForward
 from warmpath.models.attention import AttentionMetadata, PrefillSpan
 from warmpath.models.llama import LlamaForCausalLM
@@ -33,7 +32,7 @@ class StepRoute:
     torch: list[int] = field(default_factory=list)  # ... and those the torch model computes
     half_width: bool = False  # torch's share on the half-width weight copies (EngineConfig.gemv_dtype)
     threads: int = 1
-    step_class: str | None = None  # set when the thread count is the measured choice (engine/threads.py)
+    measured: bool = False  # the thread count is ThreadChoice's (engine/threads.py): time the step for it
 
 
 # Without a plan (a configuration asked for by name, e.g. dtype="float32", the exact one), a fixed rule:
@@ -71,7 +70,7 @@ class ModelRunner:
         self.decode_threads = decode_threads or self.threads  # decode-only steps (EngineConfig.num_decode_threads)
         # Native-only steps: the thread count measured as the engine runs (EngineConfig.thread_tuning).
         tune = thread_tuning and native is not None and decode_threads is None and self.all_threads > 1
-        self.tuner = ThreadTuner((self.all_threads, 1)) if tune else None
+        self.tuner = ThreadChoice(self.all_threads) if tune else None
 
     def route(self, seqs: list[SeqInput]) -> StepRoute:
         """The one place that decides how a step runs."""
@@ -83,8 +82,7 @@ class ModelRunner:
         decode_only = all(len(s.token_ids) == 1 for s in seqs)
         route.threads = self.decode_threads if decode_only else self.all_threads
         if self.tuner is not None and not route.torch:  # the kernel's numbers do not depend on the thread count
-            route.step_class = step_class(decode_only, sum(len(s.token_ids) for s in seqs))
-            route.threads = self.tuner.choose(route.step_class)
+            route.threads, route.measured = self.tuner.threads, True
         return route
 
     def _native_computes(self, s: SeqInput, decodes: int) -> bool:
@@ -166,20 +164,18 @@ class ModelRunner:
         for s in seqs:
             self._check(s)
         route = self.route(seqs)
-        changed = route.threads != self.threads  # this step pays for the pool's change: not a fair sample
         if route.threads != self.threads:
             torch.set_num_threads(route.threads)
             self.threads = route.threads
         logits: dict[int, torch.Tensor] = {}
-        started = time.perf_counter()
         if route.native:
             share = [seqs[i] for i in route.native]
+            before = sample() if route.measured else None
             rows = self.native.forward([s.token_ids for s in share], [s.num_computed for s in share],
                                        [s.block_table for s in share])
+            if before is not None:
+                self.tuner.record(before, sample(), route.threads)
             logits.update(zip(route.native, rows, strict=True))
-            if route.step_class is not None and not changed:
-                tokens = sum(len(s.token_ids) for s in share)
-                self.tuner.record(route.step_class, route.threads, (time.perf_counter() - started) / tokens)
         if route.torch:
             sampled = [i for i in route.torch if seqs[i].sample]
             x = self.prepare([seqs[i] for i in route.torch])
