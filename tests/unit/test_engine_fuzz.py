@@ -77,4 +77,4 @@ def test_fuzzing_reached_the_hard_states(engine):
     assert s["num_preemptions"] > 0 and s["num_aborted"] > 0 and s["num_deadline_expired"] > 0
     assert s["prefix_cache_hit_tokens"] > 0 and s["num_evictions"] > 0
     if engine.speculator is not None:
-        assert 0 < s["spec_accepted_tokens"] < s["spec_proposed_tokens"]
+        assert 0 < s["spec_accepted_tokens"] < s["spec_draft_tokens"]

@@ -153,3 +153,16 @@ def test_logprobs_follow_the_kept_tokens(tiny_gguf):
     on = _logprobs(llm, REPEATING[0], params)
     assert on == off and len(on[1]) == len(on[0]) == 30
     assert _spec_totals(llm)[1] > 0
+
+
+def test_the_counters_are_exported_by_method(tiny_gguf):
+    from prometheus_client import generate_latest
+
+    from warmpath.engine.metrics import Metrics
+
+    llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32")
+    _run(llm, REPEATING, [GREEDY] * len(REPEATING))
+    text = generate_latest(Metrics(llm.engine).registry).decode()
+    proposed, accepted = _spec_totals(llm)
+    assert f'warmpath_spec_draft_tokens_total{{method="ngram"}} {float(proposed)}' in text
+    assert f'warmpath_spec_accepted_tokens_total{{method="ngram"}} {float(accepted)}' in text

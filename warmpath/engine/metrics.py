@@ -30,11 +30,16 @@ class _EngineCollector(Collector):
             ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
             ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),
             ("computed_tokens", "num_computed_tokens", "Tokens run through the model"),
-            ("spec_proposed_tokens", "spec_proposed_tokens", "Speculative guesses verified"),
-            ("spec_accepted_tokens", "spec_accepted_tokens", "Speculative guesses kept (the model sampled them)"),
         ):
             c = CounterMetricFamily(f"warmpath_{name}", doc)
             c.add_metric([], s[key])
+            yield c
+        for name, key, doc in (
+            ("spec_draft_tokens", "spec_draft_tokens", "Speculative guesses verified"),
+            ("spec_accepted_tokens", "spec_accepted_tokens", "Speculative guesses kept (the model sampled them)"),
+        ):
+            c = CounterMetricFamily(f"warmpath_{name}", doc, labels=["method"])
+            c.add_metric([s["spec_method"]], s[key])
             yield c
         for name, value, doc in (
             ("num_requests_running", s["num_running"], "Requests holding KV blocks"),
