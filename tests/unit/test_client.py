@@ -4,6 +4,7 @@ complete`; `warmpath bench` end to end (JSON + PNG)."""
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -39,14 +40,21 @@ def test_a_burst_of_keystrokes_leaves_one_request_alive_and_the_server_aborts_th
             return len(seen) >= n
         return cond
 
+    def slow_step(e):  # 400 tokens take seconds, so no request can finish before the next key lands
+        time.sleep(0.05)
+
     async def burst():
         records = []
         async with httpx.AsyncClient(timeout=60) as http:
             client = EditorClient(http, Target(url), "dev-burst", cfg, records, monotonic_clock())
             text = "# burst\n" + CODE * 14
-            for k in range(5):  # each key lands while the previous key's request is being computed
-                client.keystroke(text + "x" * (k + 1))
-                await asyncio.to_thread(wait_for_step, app, arrived(k + 1))
+            app.state.async_engine.step_listeners.append(slow_step)
+            try:
+                for k in range(5):  # each key lands while the previous key's request is being computed
+                    client.keystroke(text + "x" * (k + 1))
+                    await asyncio.to_thread(wait_for_step, app, arrived(k + 1))
+            finally:
+                app.state.async_engine.step_listeners.remove(slow_step)
             await client.idle()
         return client, records
 
