@@ -132,16 +132,20 @@ class ServerConfig(ConnectionLimits):
 class RouterConfig(ConnectionLimits):
     host: str = "127.0.0.1"
     port: int = 8080
-    # Upstreams: `node` for one pool; `tier NAME=URL,URL` (repeated, smallest model first) for model tiering.
+    # Upstreams: `node [ENGINE=]URL` (repeated) for one pool; `tier NAME=URL,URL` (repeated, smallest model first)
+    # for model tiering.
     node: list[str] | None = None
-    nodes_file: str | None = None  # one URL per line (# comments), added to `node`
+    # `[ENGINE=]URL [drain]` per line (# comments), added to `node`; reloaded when it changes. ENGINE (warmpath,
+    # vllm, sglang, llamacpp, openai) is detected from the node's /v1/models when not given.
+    nodes_file: str | None = None
     tier: list[str] | None = None
     policy: str = "hybrid"  # round-robin | least-load | session | prefix | hybrid
     load_factor: float = 1.25  # bounded loads: a node takes one more request while its load <= c x average
+    affinity_floor: int = 4  # ... and always while its load is under this many requests (sessions stay home)
     virtual_nodes: int = 100  # points per node on the hash ring
     prefix_block_chars: int = 64  # the prefix index hashes prompts in blocks of this many characters
     prefix_index_blocks: int = 65536  # per node; least recently routed blocks are forgotten first
-    health_interval: float = 1.0  # seconds between /health checks
+    health_interval: float = 1.0  # seconds between /health checks and /metrics scrapes (load, counters)
     health_failures: int = 3  # failed checks in a row before a node leaves the ring
     connect_timeout: float = 2.0  # seconds; a node that does not accept in time counts as failed
     line_max_tokens: int = 32  # tiering: /v1/completions with at most this many tokens can be a line completion

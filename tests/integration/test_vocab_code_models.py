@@ -6,8 +6,9 @@ import pytest
 from gguf import GGUFReader
 from llama_vocab import NAMES, fetch_vocabs, vocab_cases
 
+from warmpath.api.fim import repo_context
 from warmpath.models.gguf_meta import read_tokenizer
-from warmpath.server.prompts import detect_fim, fim_stop_ids, repo_context
+from warmpath.server.prompts import detect_fim, fim_stop_ids
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ import pytest
 from tiny_model import CHAT_TEMPLATE, tiny_tokenizer
 from tokenizers import AddedToken
 
+from warmpath.api.fim import repo_context
 from warmpath.models.tokenizer import Tokenizer
 from warmpath.server.prompts import (
     SuffixCutter,
     detect_fim,
     fim_stop_ids,
     render_chat,
-    repo_context,
     split_literal_fim,
 )
 

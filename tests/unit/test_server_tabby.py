@@ -17,8 +17,9 @@ from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 
 from warmpath.api import tabby as api
 from warmpath.api.fill import Outcome
+from warmpath.api.fim import ContextFile, repo_context
 from warmpath.config import EngineConfig
-from warmpath.server.prompts import ContextFile, detect_fim, repo_context
+from warmpath.server.prompts import detect_fim
 
 SUFFIX = "\n\nprint(Point(1, 2))\n"
 DECLARATIONS = [{"filepath": "geometry/base.py", "body": "class Shape:\n    def area(self):\n        return 0\n"}]

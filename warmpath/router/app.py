@@ -29,8 +29,10 @@ def _proxy(request: Request) -> Proxy:
 
 
 def node_view(n: Node) -> dict:
-    return {"url": n.url, "tier": n.tier, "healthy": n.healthy, "draining": n.draining,
-            "in_flight": n.in_flight, "models": n.models}
+    load = n.load
+    return {"url": n.url, "engine": n.kind, "tier": n.tier, "healthy": n.healthy, "draining": n.draining,
+            "in_flight": n.in_flight, "models": n.models,
+            "reported": {"running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage} if load else None}
 
 
 # -- the fleet's state --------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Every node owns `virtual_nodes` points on a 64-bit ring; a key belongs to the fi
 hash. Removing a node moves only the keys it owned (to the next node on the ring); adding it back returns
 them. With bounded loads a node takes one more request only while its load stays within
 ceil(c * (total load + 1) / n): otherwise the key walks on to the next node on the ring. c >= 1 guarantees
-some node has room, and no node ever carries more than c times the average.
+some node has room, and no node ever carries more than c times the average. Below a floor of a few requests
+per node the bound is not applied: at 1-3 requests a node, c x average would move sessions off their warm
+node for a load that costs less than the cold prefill the move causes.
 """
 
 from __future__ import annotations
@@ -50,20 +52,21 @@ class HashRing:
         return order[0] if order else None
 
 
-def load_cap(loads: Mapping[str, int], nodes: list[str], c: float) -> int:
-    """The most requests any node may hold once one more is placed: ceil(c * (total + 1) / n)."""
+def load_cap(loads: Mapping[str, float], nodes: list[str], c: float, floor: int = 0) -> float:
+    """The most load any node may hold once one more request is placed: ceil(c * (total + 1) / n), and never
+    less than `floor`."""
     total = sum(loads.get(n, 0) for n in nodes) + 1
-    return math.ceil(c * total / len(nodes))
+    return max(floor, math.ceil(c * total / len(nodes)))
 
 
-def bounded_walk(ring: HashRing, key: str, loads: Mapping[str, int], c: float,
-                 available: set[str] | None = None) -> list[str]:
+def bounded_walk(ring: HashRing, key: str, loads: Mapping[str, float], c: float,
+                 available: set[str] | None = None, floor: int = 0) -> list[str]:
     """Ring order from the key, the first node with room for one more request moved to the front (the rest
     stay in ring order: they are the failover candidates)."""
     order = ring.walk(key, available)
     if not order:
         return order
-    cap = load_cap(loads, order, c)
+    cap = load_cap(loads, order, c, floor)
     for i, node in enumerate(order):
         if loads.get(node, 0) + 1 <= cap:
             return [node] + order[:i] + order[i + 1:]

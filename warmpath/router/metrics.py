@@ -21,20 +21,24 @@ class _NodeCollector(Collector):
             ("warmpath_router_node_in_flight", "Requests the router has open to the node", lambda n: n.in_flight),
             ("warmpath_router_node_healthy", "1 while the node passes health checks", lambda n: int(n.healthy)),
             ("warmpath_router_node_draining", "1 while the node takes no new requests", lambda n: int(n.draining)),
+            ("warmpath_router_node_load", "The node's load as bounded loads count it (router/scorer.py)",
+             lambda n: self.nodes.loads().get(n.url, 0.0)),
+            ("warmpath_router_node_requests_reported", "Running + waiting requests in the node's own /metrics",
+             lambda n: n.load.requests if n.load else 0.0),
         ):
-            g = GaugeMetricFamily(name, doc, labels=["node", "tier"])
+            g = GaugeMetricFamily(name, doc, labels=["node", "tier", "engine"])
             for n in nodes:
-                g.add_metric([n.url, n.tier], value(n))
+                g.add_metric([n.url, n.tier, n.kind or "unknown"], value(n))
             yield g
-        for name in FLEET_COUNTERS:
-            base = name.removesuffix("_total")
+        for key in FLEET_COUNTERS:  # under warmpath's names, whatever each engine calls them
+            base = f"warmpath_prefix_cache_{key}_tokens"
             fleet = CounterMetricFamily(base, "Summed over the nodes (restart-safe), scraped at this request")
-            fleet.add_metric([], sum(n.total(name) for n in nodes))
+            fleet.add_metric([], sum(n.total(key) for n in nodes))
             yield fleet
             per = CounterMetricFamily(base.replace("warmpath_", "warmpath_router_node_"), "Per node",
                                       labels=["node"])
             for n in nodes:
-                per.add_metric([n.url], n.total(name))
+                per.add_metric([n.url], n.total(key))
             yield per
 
 

@@ -1,5 +1,6 @@
-"""The nodes behind the router: which they are (from the config), health, drain, in-flight load, and their
-prefix-cache counters.
+"""The nodes behind the router: which they are (from the config and the nodes file, reloaded when it changes),
+their engine (router/engines.py), health, drain, load (router/scorer.py) and prefix-cache counters, read from
+their own /metrics at every health interval.
 
 A node is *available* for new requests when it is healthy and not draining. It turns unhealthy after
 `health_failures` failed `/health` checks in a row, or at once when it refuses a connection; it becomes
@@ -12,27 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from warmpath.config import RouterConfig
+from warmpath.router.engines import ENGINES, EngineKind, NodeLoad, detect, read_load, split_spec
+from warmpath.router.scorer import node_load
 
 log = logging.getLogger(__name__)
 
-# Node counters the router sums into fleet totals (restart-safe: a counter that went down was reset).
-FLEET_COUNTERS = ("warmpath_prefix_cache_queried_tokens_total", "warmpath_prefix_cache_hit_tokens_total")
+# The prefix-cache counters (in tokens) the router sums over the nodes, whatever each engine calls them.
+FLEET_COUNTERS = ("queried", "hit")
 
 
 @dataclass
 class Node:
     url: str  # base URL, no trailing slash, no /v1
     tier: str = "default"
+    kind: str | None = None  # its engine (router/engines.py); None until detected at the first passing check
     healthy: bool = False  # until the first check passes
     draining: bool = False
     failures: int = 0  # consecutive failed checks
     in_flight: int = 0
+    from_file: bool = False  # listed in the nodes file (which then decides whether it stays)
+    removed: bool = False  # gone from the nodes file: no new requests; dropped once its requests end
+    load: NodeLoad | None = None  # its /metrics at the last scrape (None: none read yet, or it has none)
     restarts_seen: int = 0
     models: list[str] = field(default_factory=list)
     cards: dict[str, dict] = field(default_factory=dict)  # its /v1/models entries by id (what each model is)
@@ -42,7 +49,11 @@ class Node:
 
     @property
     def available(self) -> bool:
-        return self.healthy and not self.draining
+        return self.healthy and not self.draining and not self.removed
+
+    @property
+    def engine(self) -> EngineKind:
+        return ENGINES[self.kind or "openai"]
 
     def total(self, name: str) -> float:
         return self.counter_base.get(name, 0.0) + self.counters.get(name, 0.0)
@@ -50,28 +61,47 @@ class Node:
 
 def parse_nodes(config: RouterConfig) -> tuple[list[Node], list[str]]:
     """Nodes with their tier, and the tiers from smallest to largest model."""
-    urls = list(config.node or [])
+    nodes = [new_node(spec) for spec in config.node or []]
     if config.nodes_file:
-        with open(config.nodes_file) as f:
-            urls += [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
-    if config.tier and urls:
-        raise ValueError("give either --node (one pool) or --tier NAME=URL,... (model tiers), not both")
-    nodes, tiers = [], []
+        nodes += read_nodes_file(config.nodes_file)
+    if config.tier and nodes:
+        raise ValueError("give either --node / --nodes-file (one pool) or --tier NAME=URL,... (model tiers), not both")
+    tiers = []
     if config.tier:
         for spec in config.tier:
             name, _, members = spec.partition("=")
             if not name or not members or name in tiers:
                 raise ValueError(f"--tier wants NAME=URL[,URL...] with distinct names, got {spec!r}")
             tiers.append(name)
-            nodes += [Node(base_url(u), tier=name) for u in members.split(",") if u.strip()]
+            nodes += [new_node(u, tier=name) for u in members.split(",") if u.strip()]
     else:
         tiers = ["default"]
-        nodes = [Node(base_url(u)) for u in urls]
     if not nodes:
         raise ValueError("no nodes: give --node URL (repeated), --nodes-file or --tier")
     if len({n.url for n in nodes}) != len(nodes):
         raise ValueError("a node is listed twice")
     return nodes, tiers
+
+
+def new_node(spec: str, tier: str = "default", draining: bool = False) -> Node:
+    kind, url = split_spec(spec.strip())
+    return Node(base_url(url), tier=tier, kind=kind, draining=draining)
+
+
+def read_nodes_file(path: str) -> list[Node]:
+    """One node a line: `[ENGINE=]URL [drain]`, `#` comments. ValueError for a line that says something else."""
+    nodes = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            words = line.split("#")[0].split()
+            if not words:
+                continue
+            if len(words) > 2 or (len(words) == 2 and words[1] != "drain"):
+                raise ValueError(f"{path}:{number}: want `[ENGINE=]URL [drain]`, got {line.strip()!r}")
+            node = new_node(words[0], draining=len(words) == 2)
+            node.from_file = True
+            nodes.append(node)
+    return nodes
 
 
 def base_url(url: str) -> str:
@@ -81,18 +111,56 @@ def base_url(url: str) -> str:
 
 class NodeSet:
     def __init__(self, nodes: list[Node], http: httpx.AsyncClient, interval_s: float = 1.0,
-                 failures: int = 3, headers: dict[str, str] | None = None, on_unhealthy=None):
+                 failures: int = 3, headers: dict[str, str] | None = None, on_unhealthy=None,
+                 floor: int = 0, nodes_file: str | None = None, on_members=None):
         self.nodes = {n.url: n for n in nodes}
-        self.http, self.interval_s, self.max_failures = http, interval_s, failures
+        self.http, self.interval_s, self.max_failures, self.floor = http, interval_s, failures, floor
         self.headers = headers or {}
         self.on_unhealthy = on_unhealthy  # called with a node that left (its cache is gone or unreachable)
+        self.on_members = on_members  # called with the pool's node URLs when the nodes file changed them
+        self.nodes_file, self._file_stamp = nodes_file, _stamp(nodes_file)
         self._task: asyncio.Task | None = None
 
     def available(self, tier: str | None = None) -> list[str]:
         return [u for u, n in self.nodes.items() if n.available and (tier is None or n.tier == tier)]
 
-    def loads(self) -> dict[str, int]:
-        return {u: n.in_flight for u, n in self.nodes.items()}
+    def loads(self) -> dict[str, float]:
+        return {u: node_load(n.in_flight, n.load, self.floor) for u, n in self.nodes.items()}
+
+    # -- membership ---------------------------------------------------------------------------------------------
+    def reload(self) -> bool:
+        """Read the nodes file again if it changed: new nodes join (once healthy), removed ones take no new
+        requests and are dropped when their last request ends, `drain` is applied. A file that does not parse
+        or is gone changes nothing. True when the pool's members changed."""
+        stamp = _stamp(self.nodes_file)
+        if stamp == self._file_stamp:
+            return False
+        self._file_stamp = stamp
+        try:  # a file that is gone changes nothing either (an emptied one removes every node it listed)
+            listed = {n.url: n for n in read_nodes_file(self.nodes_file)}
+        except (OSError, ValueError) as e:
+            log.error("nodes file not reloaded: %s", e)
+            return False
+        pool = {u for u, n in self.nodes.items() if n.from_file and not n.removed}
+        for url, node in listed.items():
+            known = self.nodes.get(url)
+            if known is None:
+                log.info("node %s joins", url)
+                self.nodes[url] = node
+            else:
+                known.draining, known.removed, known.from_file = node.draining, False, True
+                known.kind = node.kind or known.kind
+        for url in pool - set(listed):
+            log.info("node %s leaves (not in %s)", url, self.nodes_file)
+            self.nodes[url].removed = True
+        self._drop_removed()
+        if set(listed) != pool and self.on_members:
+            self.on_members([u for u, n in self.nodes.items() if n.tier == "default" and not n.removed])
+        return set(listed) != pool
+
+    def _drop_removed(self) -> None:
+        for url in [u for u, n in self.nodes.items() if n.removed and n.in_flight == 0]:
+            del self.nodes[url]
 
     # -- health -----------------------------------------------------------------------------------------------
     async def check(self, node: Node) -> bool:
@@ -103,8 +171,8 @@ class NodeSet:
             ok = False
         if ok:
             if not node.healthy:
-                log.info("node %s is healthy", node.url)
                 await self._learn_models(node)
+                log.info("node %s is healthy (%s)", node.url, node.kind)
             node.healthy, node.failures = True, 0
         else:
             node.failures += 1
@@ -122,21 +190,27 @@ class NodeSet:
                 self.on_unhealthy(node)
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(n) for n in self.nodes.values()))
+        await asyncio.gather(*(self.check(n) for n in list(self.nodes.values())))
 
     async def _learn_models(self, node: Node) -> None:
         try:
             r = await self.http.get(node.url + "/v1/models", headers=self.headers, timeout=5)
-            data = r.json().get("data", [])
+            body = r.json()
+            data = body.get("data", [])
             node.models = [m["id"] for m in data]
             node.cards = {m["id"]: m for m in data if isinstance(m, dict)}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            node.kind = node.kind or detect(body)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             node.models, node.cards = [], {}
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            if self.nodes_file:
+                self.reload()
+            self._drop_removed()
             await self.check_all()
+            await self.scrape()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -148,23 +222,33 @@ class NodeSet:
 
     # -- the nodes' own counters --------------------------------------------------------------------------------
     async def scrape(self) -> None:
-        """Refresh every reachable node's fleet counters (a node that is down keeps its last values)."""
+        """Refresh every healthy node's load and fleet counters from its /metrics (a node that is down keeps its
+        last counters; its load is not read)."""
         async def one(node: Node) -> None:
+            if not node.healthy or not (node.engine.running or node.engine.prefix_counters):
+                return
             try:
-                r = await self.http.get(node.url + "/metrics", headers=self.headers, timeout=2)
+                r = await self.http.get(node.url + "/metrics", headers=self.headers,
+                                        timeout=min(2.0, max(0.5, self.interval_s)))
                 if r.status_code != 200:
                     return
-                values = {}
-                for family in text_string_to_metric_families(r.text):
-                    for s in family.samples:
-                        if s.name in FLEET_COUNTERS:
-                            values[s.name] = values.get(s.name, 0.0) + s.value
+                load = read_load(node.engine, r.text)
             except (httpx.HTTPError, ValueError):
                 return
+            node.load, values = load, load.counters
             if any(v < node.counters.get(k, 0.0) for k, v in values.items()):  # the node restarted
                 for k, v in node.counters.items():
                     node.counter_base[k] = node.counter_base.get(k, 0.0) + v
                 node.restarts_seen += 1
             node.counters.update(values)
 
-        await asyncio.gather(*(one(n) for n in self.nodes.values()))
+        await asyncio.gather(*(one(n) for n in list(self.nodes.values())))
+
+
+def _stamp(path: str | None) -> tuple[float, int] | None:
+    """What tells a changed nodes file: its modification time and size (None: no such file)."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_mtime, st.st_size) if st else None

@@ -1,7 +1,7 @@
 """Routing policies: which node serves a request, and in what order to fail over.
 
 Each policy returns the candidate nodes best first plus the name of the decision it took (counted in
-/metrics). Loads are the router's own in-flight counts per node.
+/metrics). Loads are router/scorer.py's: this router's open requests or the node's own gauges, the larger.
 
 - round-robin, least-load: the baselines (round-robin throws warm prefixes away).
 - session: consistent hashing with bounded loads on the session key (X-Session-Id, else `user`).
@@ -79,18 +79,26 @@ class Router:
     """Holds every policy's state; `choose()` applies the configured one to the nodes available now."""
 
     def __init__(self, nodes: list[str], policy: str = "hybrid", load_factor: float = 1.25,
-                 virtual_nodes: int = 100, block_chars: int = 64, index_blocks: int = 65536):
+                 virtual_nodes: int = 100, block_chars: int = 64, index_blocks: int = 65536, floor: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         if load_factor < 1.0:
             raise ValueError("load_factor must be >= 1 (below 1 no placement satisfies the bound)")
-        self.policy, self.c, self.block_chars = policy, load_factor, block_chars
-        self.nodes = list(nodes)
-        self.ring = HashRing(self.nodes, virtual_nodes)
-        self.index = {n: PrefixIndex(index_blocks) for n in self.nodes}
+        self.policy, self.c, self.block_chars, self.floor = policy, load_factor, block_chars, floor
+        self.virtual_nodes, self.index_blocks = virtual_nodes, index_blocks
+        self.nodes: list[str] = []
+        self.index: dict[str, PrefixIndex] = {}
+        self.set_nodes(nodes)
         self._turn = itertools.count()
 
-    def choose(self, key: RouteKey, available: list[str], loads: Mapping[str, int]) -> Decision:
+    def set_nodes(self, nodes: list[str]) -> None:
+        """The pool's members (a nodes file changed): the ring is rebuilt from the names, so only the keys of a
+        node that came or went move; the prefix index of every node that stays is kept."""
+        self.nodes = list(nodes)
+        self.ring = HashRing(self.nodes, self.virtual_nodes)
+        self.index = {n: self.index.get(n) or PrefixIndex(self.index_blocks) for n in self.nodes}
+
+    def choose(self, key: RouteKey, available: list[str], loads: Mapping[str, float]) -> Decision:
         if not available:
             return Decision([], "no_node")
         policy = self.policy
@@ -103,7 +111,7 @@ class Router:
             return Decision(self._by_load(available, loads), "least_load")
         blocks = prompt_blocks(key.prompt, self.block_chars)
         if policy == "session" and key.session:
-            order = bounded_walk(self.ring, key.session, loads, self.c, set(available))
+            order = bounded_walk(self.ring, key.session, loads, self.c, set(available), self.floor)
             home = self.ring.home(key.session, set(available))
             decision = Decision(order, "affinity_kept" if order[0] == home else "affinity_broken_load")
         else:  # prefix (also session without a key)
@@ -111,13 +119,13 @@ class Router:
         self.index[decision.nodes[0]].add(blocks)
         return decision
 
-    def _prefix(self, blocks: list[bytes], available: list[str], loads: Mapping[str, int]) -> Decision:
+    def _prefix(self, blocks: list[bytes], available: list[str], loads: Mapping[str, float]) -> Decision:
         matches = {n: self.index[n].match(blocks) for n in available}
         best = max(matches.values())
         by_load = self._by_load(available, loads)
         if best == 0:
             return Decision(by_load, "least_load")
-        cap = load_cap(loads, available, self.c)
+        cap = load_cap(loads, available, self.c, self.floor)
         ranked = sorted(available, key=lambda n: (-matches[n], loads.get(n, 0)))
         for n in ranked:
             if matches[n] > 0 and loads.get(n, 0) + 1 <= cap:
@@ -125,7 +133,7 @@ class Router:
                 return Decision([n] + [m for m in ranked if m != n], outcome)
         return Decision(by_load, "prefix_broken_load")  # every matching node is over the bound
 
-    def _by_load(self, available: list[str], loads: Mapping[str, int]) -> list[str]:
+    def _by_load(self, available: list[str], loads: Mapping[str, float]) -> list[str]:
         i = next(self._turn) % len(available)  # ties rotate, so idle nodes share new work
         return sorted(available[i:] + available[:i], key=lambda n: loads.get(n, 0))
 

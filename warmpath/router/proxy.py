@@ -36,6 +36,7 @@ from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.sessions import SessionLog
 from warmpath.router.tiering import LINE, completion_kind
+from warmpath.router.upstream import request_body
 from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,8 @@ class Proxy:
         self.config = config
         nodes, self.tiers = parse_nodes(config)
         self.routers = {t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
-                                  config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks)
+                                  config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks,
+                                  config.affinity_floor)
                         for t in self.tiers}
         self.cache = ResponseCache(config.cache_entries, ttl_s=config.cache_ttl)
         self.sessions = SessionLog()
@@ -136,7 +138,8 @@ class Proxy:
             timeout=httpx.Timeout(connect=config.connect_timeout, read=None, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         self.nodes = NodeSet(nodes, self.http, config.health_interval, config.health_failures,
-                             self.upstream_headers, on_unhealthy=self._forget)
+                             self.upstream_headers, on_unhealthy=self._forget, floor=config.affinity_floor,
+                             nodes_file=config.nodes_file, on_members=self.routers[self.tiers[0]].set_nodes)
         self.metrics = RouterMetrics(self.nodes)
 
     def _forget(self, node: Node) -> None:  # a node that left may come back empty: its index is stale
@@ -199,8 +202,11 @@ class Proxy:
             self.metrics.cache.labels("hit" if hit else "miss").inc()
             if hit:
                 return Response(hit.body, media_type=hit.media_type, headers={"X-Warmpath-Cache": "hit"})
-        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt), self.nodes.available(tier),
-                                             self.nodes.loads())
+        available = self.nodes.available(tier)
+        if routed.wire is not None:  # an editor protocol goes to the nodes whose engine speaks it
+            name = routed.wire.__name__.rsplit(".", 1)[-1]
+            available = [u for u in available if name in self.nodes.nodes[u].engine.wires]
+        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt), available, self.nodes.loads())
         self.metrics.decisions.labels(self.config.policy, decision.decision).inc()
         if routed.session and decision.nodes:
             self.sessions.note(routed.session, decision.nodes[0], True)
@@ -215,11 +221,11 @@ class Proxy:
         for attempt, url in enumerate(candidates[:MAX_ATTEMPTS]):
             if routed.deadline is not None and time.monotonic() >= routed.deadline:
                 break
-            node = self.nodes.nodes[url]
-            payload = routed.raw
-            if len(self.tiers) > 1 and routed.body is not None and node.models and \
-                    (routed.model is None or routed.model in self.model_names()):
-                payload = json.dumps({**routed.body, "model": node.models[0]}).encode()  # the tier's own model
+            node = self.nodes.nodes.get(url)
+            if node is None:  # gone from the nodes file meanwhile
+                continue
+            own_model = len(self.tiers) > 1 and (routed.model is None or routed.model in self.model_names())
+            payload = request_body(node, routed.body, routed.raw, own_model)
             if routed.session and attempt:
                 self.sessions.note(routed.session, url, False)  # failed over: the prefix now grows there
             try:

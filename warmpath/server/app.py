@@ -19,6 +19,7 @@ from starlette.background import BackgroundTask
 
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, install_error_handlers, unless_disconnected
+from warmpath.api.fim import ContextFile, repo_context
 from warmpath.api.guard import GuardMiddleware
 from warmpath.api.protocol import ApiError, ChatRequest, CompletionRequest, SamplingFields
 from warmpath.config import ServerConfig
@@ -31,14 +32,7 @@ from warmpath.server import editor_routes
 from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
 from warmpath.server.logprobs import LogprobFormatter
-from warmpath.server.prompts import (
-    ContextFile,
-    PromptEncoder,
-    SuffixCutter,
-    detect_fim,
-    repo_context,
-    split_literal_fim,
-)
+from warmpath.server.prompts import PromptEncoder, SuffixCutter, detect_fim, split_literal_fim
 
 SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
 

@@ -20,12 +20,13 @@ from starlette.background import BackgroundTask
 
 from warmpath.api.asgi import ClientGone, unless_disconnected
 from warmpath.api.fill import Fill, Outcome
+from warmpath.api.fim import ContextFile, repo_context
 from warmpath.api.protocol import ApiError
 from warmpath.api.responses import SSE_HEADERS
 from warmpath.engine.async_engine import EngineDeadError
 from warmpath.server.jobs import Job
 from warmpath.server.limits import Chain, IndentCutter
-from warmpath.server.prompts import ContextFile, SuffixCutter, repo_context
+from warmpath.server.prompts import SuffixCutter
 
 if TYPE_CHECKING:
     from warmpath.server.app import Frontend

@@ -12,87 +12,14 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from warmpath.api.fim import FIM_TEMPLATES, FimTemplate
 from warmpath.api.protocol import ApiError
 from warmpath.models.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class FimTemplate:
-    name: str
-    tokens: tuple[str, ...]  # special tokens whose presence identifies the family
-    layout: str  # "{context}" / "{prefix}" / "{suffix}" placeholders around the special tokens
-    # Special tokens that end a completion of this family (a marker the model emits means it left the hole:
-    # another file, another hole, padding). They are stop token ids and, spelled out in text, stop strings.
-    stops: tuple[str, ...] = ()
-    repo_header: str | None = None  # how the family names the repository ("{repo}" placeholder)
-    file_sep: str | None = None  # the family's file separator token; None: other files go in as plain text
-
-    def build(self, prefix: str, suffix: str, context: str = "") -> str:
-        """The prompt: `context` (repo_context()) where the family reads it, always ahead of the prefix."""
-        return self.layout.replace("{context}", context).replace("{prefix}", prefix).replace("{suffix}", suffix)
-
-
-FIM_TEMPLATES = (
-    FimTemplate("qwen2.5-coder", ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
-                "{context}<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
-                ("<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>",
-                 "<|repo_name|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>"),
-                "<|repo_name|>{repo}\n", "<|file_sep|>"),
-    FimTemplate("starcoder", ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-                "{context}<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
-                ("<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>",
-                 "<repo_name>", "<filename>"),
-                "<repo_name>{repo}", "<file_sep>"),  # StarCoder2 (StarCoder 1 has no <file_sep>)
-    # DeepSeek-Coder reads other files as plain text at the start of the hole's file (its README's form).
-    FimTemplate("deepseek-coder", ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-                "<｜fim▁begin｜>{context}{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
-                ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", "<｜end▁of▁sentence｜>", "<|EOT|>")),
-    FimTemplate("codestral", ("[SUFFIX]", "[PREFIX]"), "{context}[SUFFIX]{suffix}[PREFIX]{prefix}",  # suffix first
-                ("[PREFIX]", "[SUFFIX]", "[MIDDLE]", "</s>")),
-)
-
-
-@dataclass(frozen=True)
-class ContextFile:
-    """A file of repository-level context: a path and its text (llama.vim's `input_extra` chunk)."""
-
-    filename: str
-    text: str
-
-
-def repo_context(extra: Sequence[ContextFile | Mapping[str, str]], template: FimTemplate | None,
-                 repo: str = "", current_file: str = "") -> str:
-    """Other files of the repository as the family's FIM prompt reads them, for FimTemplate.build(context=).
-
-    Sorted by filename (then text), duplicates dropped: the same set of files gives the same bytes however the
-    client orders it, so the context, which comes before the prefix, stays in the prefix cache from keystroke to
-    keystroke. With a file separator it ends in one (`<|file_sep|>{current}\n` then the FIM marker): its tokens
-    never depend on the prefix after it. Special-token strings in the files are read as special, as in the prompt.
-    Qwen2.5-Coder: `<|repo_name|>{repo}\n<|file_sep|>{path}\n{text}` per file, then `<|file_sep|>{current}\n`
-    (the hole's own file); StarCoder2: `<repo_name>{repo}<file_sep>{path}\n{text}...<file_sep>{current}\n`;
-    families without a file separator: `{path}\n{text}` blocks. No repo name: no repository header. No files: ""
-    (the plain FIM prompt)."""
-    files = sorted({f if isinstance(f, ContextFile) else ContextFile(f.get("filename") or "", f.get("text") or "")
-                    for f in extra}, key=lambda f: (f.filename, f.text))
-    files = [f for f in files if f.text or f.filename]
-    if not files:
-        return ""
-    body = [f"{f.filename}\n{_ends_line(f.text)}" for f in files]
-    if template is None or template.file_sep is None:
-        return "".join(body)
-    sep = template.file_sep
-    head = template.repo_header.replace("{repo}", repo) if template.repo_header and repo else ""
-    return head + "".join(sep + b for b in body) + f"{sep}{current_file}\n"
-
-
-def _ends_line(text: str) -> str:
-    return text if not text or text.endswith("\n") else text + "\n"
 
 
 def detect_fim(tokenizer: Tokenizer) -> FimTemplate | None:

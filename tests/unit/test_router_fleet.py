@@ -1,0 +1,117 @@
+"""`warmpath route` as a fleet of replicas with changing membership, on real tiny-model servers on loopback: the
+nodes file reloaded (join, drain, leave: only the changed node's sessions move), node kinds detected and their
+load read from their own /metrics, two replicas sending every session to the same node, and a node declared as
+an engine that rejects `suffix` getting the prompt the router rendered."""
+
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from server_harness import CODE, running_app, running_server, wait_for_step
+
+from warmpath.config import RouterConfig
+from warmpath.router.app import create_router_app
+
+
+@pytest.fixture(scope="module")
+def fleet(server_config):
+    with contextlib.ExitStack() as stack:
+        nodes = [stack.enter_context(running_server(server_config)) for _ in range(3)]
+        yield {url: app for url, app in nodes}
+
+
+@contextlib.contextmanager
+def router(**kwargs):
+    cfg = RouterConfig(health_interval=kwargs.pop("health_interval", 0.2), policy="session", **kwargs)
+    with running_app(create_router_app(cfg)) as (url, app):
+        yield url, app
+
+
+def node_of(rurl: str, session: str, prompt: str = "# x\n") -> str:
+    r = httpx.post(f"{rurl}/v1/completions", json={"prompt": prompt, "max_tokens": 1},
+                   headers={"X-Session-Id": session}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.headers["x-warmpath-node"]
+
+
+def nodes_view(rurl: str) -> dict[str, dict]:
+    return {n["url"]: n for n in httpx.get(f"{rurl}/health").json()["nodes"]}
+
+
+def until(condition, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.05)
+
+
+SESSIONS = [f"dev-{i}" for i in range(24)]
+
+
+def test_the_nodes_file_is_reloaded_and_only_the_changed_nodes_sessions_move(fleet, tmp_path):
+    a, b, c = fleet
+    f = tmp_path / "nodes"
+    f.write_text(f"{a}\n{b}\n")
+    with router(nodes_file=str(f)) as (rurl, _):
+        two = {s: node_of(rurl, s) for s in SESSIONS}
+        assert set(two.values()) == {a, b}
+        f.write_text(f"# one more\n{a}\n{b}\nwarmpath={c}\n")  # c joins
+        until(lambda: nodes_view(rurl).get(c, {}).get("healthy"))
+        three = {s: node_of(rurl, s) for s in SESSIONS}
+        assert {s for s in SESSIONS if three[s] != two[s]} == {s for s in SESSIONS if three[s] == c} != set()
+        f.write_text(f"{a}\n{b} drain\nwarmpath={c}\n")  # b drains: its sessions go elsewhere, it stays listed
+        until(lambda: nodes_view(rurl)[b]["draining"])
+        drained = {s: node_of(rurl, s) for s in SESSIONS}
+        assert b not in drained.values() and all(drained[s] == three[s] for s in SESSIONS if three[s] != b)
+        f.write_text("not a url line with three words\n")  # a bad file changes nothing
+        time.sleep(0.6)
+        assert set(nodes_view(rurl)) == {a, b, c} and node_of(rurl, SESSIONS[0]) == drained[SESSIONS[0]]
+        f.write_text(f"{a}\nwarmpath={c}\n")  # b leaves for good; a and c keep their sessions
+        until(lambda: b not in nodes_view(rurl))
+        assert {s: node_of(rurl, s) for s in SESSIONS} == drained
+
+
+def test_node_kind_is_detected_and_its_load_read_from_its_metrics(fleet):
+    url, app = next(iter(fleet.items()))
+    with router(node=[url]) as (rurl, _):
+        assert nodes_view(rurl)[url]["engine"] == "warmpath"
+        with ThreadPoolExecutor(1) as pool:  # a long request in flight on the node, sent around the router
+            long = pool.submit(httpx.post, f"{url}/v1/completions",
+                               json={"prompt": CODE * 20, "max_tokens": 300, "ignore_eos": True}, timeout=120)
+            wait_for_step(app, lambda e: e.requests)
+            until(lambda: (nodes_view(rurl)[url]["reported"] or {}).get("running", 0) >= 1)
+            assert nodes_view(rurl)[url]["in_flight"] == 0  # not this router's: seen only in the node's gauges
+            assert long.result().status_code == 200
+
+
+def test_two_replicas_send_every_session_to_the_same_node(fleet):
+    urls = list(fleet)
+    with router(node=urls) as (r1, _), router(node=urls) as (r2, _):
+        def both(s: str) -> tuple[str, str]:
+            prompt = f"# {s}\n" + CODE * 3
+            return node_of(r1, s, prompt), node_of(r2, s, prompt)
+
+        with ThreadPoolExecutor(6) as pool:  # concurrently: each replica sees only its own share of the load
+            pairs = list(pool.map(both, SESSIONS))
+        assert all(x == y for x, y in pairs) and len({x for x, _ in pairs}) == 3
+        # one replica restarted: nothing moves
+        with router(node=urls) as (r3, _):
+            assert [node_of(r3, s) for s in SESSIONS] == [x for x, _ in pairs]
+
+
+def test_a_node_that_rejects_suffix_gets_the_prompt_rendered_by_the_router(fleet):
+    """The node is a warmpath server declared as vLLM: it must receive a plain prompt (the tiny model has no FIM
+    tokens, so: the repository context and the prefix), and answer exactly what that plain prompt gives."""
+    url = next(iter(fleet))
+    body = {"prompt": CODE, "suffix": "\n# end\n", "max_tokens": 6, "temperature": 0,
+            "extra": [{"filename": "util.py", "text": "X = 1"}]}
+    with router(node=[f"vllm={url}"], cache_entries=0) as (rurl, _):
+        assert nodes_view(rurl)[url]["engine"] == "vllm"
+        via = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60).json()
+    direct = httpx.post(f"{url}/v1/completions", json={"prompt": "util.py\nX = 1\n" + CODE, "max_tokens": 6,
+                                                       "temperature": 0}, timeout=60).json()
+    assert via["choices"][0]["text"] == direct["choices"][0]["text"]
+    assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]

@@ -1,0 +1,48 @@
+"""The body a request is sent to one node with: what that node's engine understands of the client's request.
+
+- A tiered fleet: the tier's own model name.
+- An engine that rejects `suffix` (vLLM: "Unsupported param: suffix") gets the FIM prompt rendered here, the
+  server's way (api/fim.py): the family from the node's model name, repository context (`extra`) before the
+  prefix, the family's stop tokens as stop strings (kept as text so they can match); a model of no known
+  family completes from the prefix alone. Clients keep sending `suffix` to any fleet.
+- Session hints the engine reads (llama.cpp's `cache_prompt`) unless the client set them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from warmpath.api.fim import fim_for_model, repo_context
+
+
+def request_body(node, body: dict | None, raw: bytes, own_model: bool) -> bytes:
+    """`node` a router/nodes.py Node; `body` the parsed request (None: sent as it came, the node judges it);
+    `own_model`: replace the model name with the node's (tiering)."""
+    if body is None:
+        return raw
+    engine, out = node.engine, dict(body)
+    if own_model and node.models:
+        out["model"] = node.models[0]
+    if not engine.accepts_suffix and ("suffix" in out or "extra" in out) and isinstance(out.get("prompt"), str):
+        out = render_fim(out, node.models[0] if node.models else str(out.get("model") or ""))  # what it serves
+    for field, value in engine.hints.items():
+        out.setdefault(field, value)
+    return raw if out == body else json.dumps(out).encode()
+
+
+def render_fim(body: dict, model: str) -> dict:
+    """A completion request with `suffix` / `extra` as one plain prompt for `model`'s family."""
+    out = dict(body)
+    prefix, suffix, extra = out.pop("prompt"), out.pop("suffix", None) or "", out.pop("extra", None) or []
+    template = fim_for_model(model)
+    files = [e for e in extra if isinstance(e, dict)] if isinstance(extra, list) else []
+    context = repo_context(files, template)
+    if template is None:  # no FIM tokens: complete from the prefix
+        out["prompt"] = context + prefix
+        return out
+    out["prompt"] = template.build(prefix, suffix, context)
+    stop = out.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    out["stop"] = stop + [s for s in template.stops if s not in stop]
+    out["skip_special_tokens"] = False  # the markers stay in the text the engine matches stop strings on
+    return out
