@@ -18,6 +18,7 @@ from warmpath.api.guard import GuardMiddleware
 from warmpath.api.protocol import ApiError
 from warmpath.config import RouterConfig
 from warmpath.router.nodes import Node, base_url
+from warmpath.router.policies import RouteKey
 from warmpath.router.proxy import EDITOR_WIRES, Proxy
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,19 @@ def _admin(request: Request) -> Proxy:
 async def list_sessions(request: Request):
     """Where each recent session's latest request went (where its prefix is warm)."""
     return {"sessions": _admin(request).sessions.view()}
+
+
+@routes.get("/admin/route")
+async def where(request: Request, session: str, tier: str | None = None):
+    """The node this replica would send the session's next request to now (nothing is sent): replicas that
+    agree answer the same."""
+    p = _admin(request)
+    tier = tier or p.tiers[-1]
+    if tier not in p.routers:
+        raise ApiError(404, f"no tier {tier!r}", param="tier", code="tier_not_found")
+    decision = p.routers[tier].choose(RouteKey(session, ""), p.nodes.available(tier), p.nodes.loads())
+    return {"session": session, "tier": tier, "node": decision.nodes[0] if decision.nodes else None,
+            "decision": decision.decision}
 
 
 @routes.get("/admin/nodes")
