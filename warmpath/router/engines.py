@@ -20,8 +20,9 @@ class EngineKind:
     running: tuple[str, ...]
     waiting: tuple[str, ...]
     kv_usage: tuple[str, ...]  # share of the KV cache in use, 0..1 (the first name found is read)
-    # Prefix-cache counters in tokens, (queried, hit): summed into the fleet's hit rate. None: the engine has none.
-    prefix_counters: tuple[str, str] | None
+    # Prefix-cache counters in tokens, (queried, hit), each the sum of these counters: the fleet's hit rate.
+    # None: the engine has none.
+    prefix_counters: tuple[tuple[str, ...], tuple[str, ...]] | None
     accepts_suffix: bool  # its /v1/completions takes `suffix`; else the router renders the FIM prompt itself
     reads_deadline: bool  # it stops at X-Deadline-Ms itself; else only the router's silence and close apply
     hints: Mapping[str, object] = field(default_factory=dict)  # body fields the engine reads, set unless given
@@ -29,22 +30,28 @@ class EngineKind:
 
 
 ENGINES = {
-    "warmpath": EngineKind("warmpath", ("warmpath_num_requests_running",), ("warmpath_num_requests_waiting",),
-                       ("warmpath_kv_cache_usage_ratio",),
-                       ("warmpath_prefix_cache_queried_tokens_total", "warmpath_prefix_cache_hit_tokens_total"),
-                       accepts_suffix=True, reads_deadline=True, wires=("infill", "ollama", "mistral", "tabby")),
-    "vllm": EngineKind("vllm", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
-                   ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-                   ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
-                   accepts_suffix=False, reads_deadline=False),
-    "sglang": EngineKind("sglang", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",),
-                     ("sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
-                     accepts_suffix=False, reads_deadline=False),
-    # llama-server keeps the slot's KV for the next request only when asked (cache_prompt; default on in recent
-    # versions, said explicitly for older ones).
-    "llamacpp": EngineKind("llamacpp", ("llamacpp:requests_processing",), ("llamacpp:requests_deferred",),
-                       ("llamacpp:kv_cache_usage_ratio",), None,
-                       accepts_suffix=False, reads_deadline=False, hints={"cache_prompt": True}, wires=("infill",)),
+    "warmpath": EngineKind(
+        "warmpath", ("warmpath_num_requests_running",), ("warmpath_num_requests_waiting",),
+        ("warmpath_kv_cache_usage_ratio",),
+        (("warmpath_prefix_cache_queried_tokens_total",), ("warmpath_prefix_cache_hit_tokens_total",)),
+        accepts_suffix=True, reads_deadline=True, wires=("infill", "ollama", "mistral", "tabby")),
+    "vllm": EngineKind(
+        "vllm", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second: releases before V1
+        (("vllm:prefix_cache_queries_total",), ("vllm:prefix_cache_hits_total",)),
+        accepts_suffix=False, reads_deadline=False),
+    # Cached tokens are counted inside its prompt tokens (sglang:cache_hit_rate is the last batch's only).
+    "sglang": EngineKind(
+        "sglang", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",),
+        (("sglang:prompt_tokens_total",), ("sglang:cached_tokens_total",)),
+        accepts_suffix=False, reads_deadline=False),
+    # llama-server keeps a slot's KV for the next request only when asked (cache_prompt: the default in recent
+    # versions, said explicitly for older ones). Its prompt-token counter excludes the cached ones; no KV gauge.
+    "llamacpp": EngineKind(
+        "llamacpp", ("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), (),
+        (("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"),
+         ("llamacpp:prompt_tokens_cached_total",)),
+        accepts_suffix=False, reads_deadline=False, hints={"cache_prompt": True}, wires=("infill",)),
     # Any other OpenAI-compatible server: no load signal but the router's own count, no suffix.
     "openai": EngineKind("openai", (), (), (), None, accepts_suffix=False, reads_deadline=False),
 }
@@ -94,8 +101,7 @@ def read_load(engine: EngineKind, text: str) -> NodeLoad:
     load = NodeLoad(sum(samples.get(n, 0.0) for n in engine.running),
                     sum(samples.get(n, 0.0) for n in engine.waiting),
                     next((samples[n] for n in engine.kv_usage if n in samples), 0.0))
-    if engine.prefix_counters:
+    if engine.prefix_counters and all(n in samples for names in engine.prefix_counters for n in names):
         queried, hit = engine.prefix_counters
-        if queried in samples and hit in samples:
-            load.counters = {"queried": samples[queried], "hit": samples[hit]}
+        load.counters = {"queried": sum(samples[n] for n in queried), "hit": sum(samples[n] for n in hit)}
     return load
