@@ -4,6 +4,7 @@ load read from their own /metrics, two replicas sending every session to the sam
 an engine that rejects `suffix` getting the prompt the router rendered."""
 
 import contextlib
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -118,3 +119,31 @@ def test_a_node_that_rejects_suffix_gets_the_prompt_rendered_by_the_router(fleet
                                                        "temperature": 0}, timeout=60).json()
     assert via["choices"][0]["text"] == direct["choices"][0]["text"]
     assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+
+
+def test_editor_protocols_reach_an_engine_that_speaks_only_openai(fleet):
+    """llama.vim's /infill, Ollama's NDJSON stream and Tabby's completions through the router to a node declared
+    as vLLM: sent as OpenAI completions, answered in each protocol's own shape, with the text the plain prompt
+    gives on the node."""
+    url = next(iter(fleet))
+    plain = httpx.post(f"{url}/v1/completions", json={"prompt": "util.py\nX = 1\n" + CODE, "max_tokens": 6,
+                                                      "temperature": 0}, timeout=60).json()["choices"][0]["text"]
+    infill = {"input_prefix": CODE[:40], "prompt": CODE[40:], "input_suffix": "\n# end\n", "n_predict": 6,
+              "input_extra": [{"filename": "util.py", "text": "X = 1"}], "temperature": 0}
+    with router(node=[f"vllm={url}"], cache_entries=0) as (rurl, _):
+        r = httpx.post(f"{rurl}/infill", json=infill, timeout=60)
+        assert r.status_code == 200 and r.json()["content"] == plain and r.json()["stop"] is True
+        assert r.json()["tokens_predicted"] == 6 and r.json()["tokens_evaluated"] > 0
+        assert httpx.post(f"{rurl}/infill", json={**infill, "n_predict": 0}, timeout=60).json()["content"] == ""
+        gen = {"model": "m", "prompt": "util.py\nX = 1\n" + CODE, "raw": True, "options": {"num_predict": 6,
+                                                                                         "temperature": 0}}
+        r = httpx.post(f"{rurl}/api/generate", json=gen, timeout=60)  # streamed by default: NDJSON
+        lines = [json.loads(line) for line in r.text.splitlines()]
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        assert "".join(x["response"] for x in lines) == plain and lines[-1]["done"] is True
+        assert lines[-1]["eval_count"] == 6
+        tabby = {"language": "python", "segments": {"prefix": "util.py\nX = 1\n" + CODE}, "temperature": 0}
+        r = httpx.post(f"{rurl}/v1/completions", json=tabby, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(plain)
+        bad = httpx.post(f"{rurl}/infill", json={"input_prefix": 5}, timeout=60)  # llama.cpp's own 400 shape
+        assert bad.status_code == 400 and "error" in bad.json()

@@ -36,7 +36,8 @@ from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.sessions import SessionLog
 from warmpath.router.tiering import LINE, completion_kind
-from warmpath.router.upstream import request_body
+from warmpath.router.translate import Translation
+from warmpath.router.upstream import prepare
 from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
@@ -202,11 +203,8 @@ class Proxy:
             self.metrics.cache.labels("hit" if hit else "miss").inc()
             if hit:
                 return Response(hit.body, media_type=hit.media_type, headers={"X-Warmpath-Cache": "hit"})
-        available = self.nodes.available(tier)
-        if routed.wire is not None:  # an editor protocol goes to the nodes whose engine speaks it
-            name = routed.wire.__name__.rsplit(".", 1)[-1]
-            available = [u for u in available if name in self.nodes.nodes[u].engine.wires]
-        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt), available, self.nodes.loads())
+        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt), self.nodes.available(tier),
+                                             self.nodes.loads())
         self.metrics.decisions.labels(self.config.policy, decision.decision).inc()
         if routed.session and decision.nodes:
             self.sessions.note(routed.session, decision.nodes[0], True)
@@ -225,11 +223,11 @@ class Proxy:
             if node is None:  # gone from the nodes file meanwhile
                 continue
             own_model = len(self.tiers) > 1 and (routed.model is None or routed.model in self.model_names())
-            payload = request_body(node, routed.body, routed.raw, own_model)
+            path, payload, convert = prepare(node, routed, own_model)
             if routed.session and attempt:
                 self.sessions.note(routed.session, url, False)  # failed over: the prefix now grows there
             try:
-                return await self.send(request, node, payload, routed)
+                return await self.send(request, node, path, payload, routed, convert)
             except _Failed as e:
                 log.warning("node %s failed before the first byte (%s)%s", url, e,
                             "; failing over" if attempt + 1 < MAX_ATTEMPTS else "")
@@ -256,7 +254,8 @@ class Proxy:
             h["Authorization"] = auth.encode("latin-1")
         return h
 
-    async def send(self, request: Request, node: Node, payload: bytes, routed: Routed) -> Response:
+    async def send(self, request: Request, node: Node, path: str, payload: bytes, routed: Routed,
+                   convert: Translation | None = None) -> Response:
         """One attempt on one node. Raises _Failed while nothing has reached the client yet: the node refused,
         failed, answered 5xx, sent nothing within its bound (first event of a stream, or a whole answer) or
         left the ring."""
@@ -267,7 +266,7 @@ class Proxy:
         resp: httpx.Response | None = None
         handed_over = False  # the relay generator owns resp, the watch and in_flight from here
         try:
-            req = self.http.build_request("POST", node.url + routed.path, content=payload,
+            req = self.http.build_request("POST", node.url + path, content=payload,
                                           headers=self.forward_headers(request, routed))
             try:
                 async with watch.until(deadline, first, "the answer"):
@@ -282,10 +281,14 @@ class Proxy:
             if resp.status_code != 200:  # bad input, auth, unknown model: the node's answer, as it gave it
                 async with watch.until(deadline, first, "the answer"):
                     body = await resp.aread()
+                if convert is not None:  # ... in the protocol the client speaks
+                    return fault(routed, resp.status_code, upstream_message(body), "upstream_rejected")
                 return Response(body, status_code=resp.status_code, media_type=media, headers=headers)
             if routed.stream and media.startswith(STREAM_MEDIA):
-                framing = routed.wire.FRAMING if routed.wire else "sse"
+                framing = routed.wire.FRAMING if routed.wire and not convert else "sse"
                 events = (wire.ndjson_lines if framing == "ndjson" else wire.sse_events)(resp.aiter_raw())
+                if convert is not None:
+                    events, media = convert.events(events), convert.media
                 async with watch.until(deadline, first, "the first event"):
                     head = await unless_disconnected(request, anext(events))
                 stream = self.relay(head, events, resp, watch, routed)
@@ -297,6 +300,8 @@ class Proxy:
                                          headers={**headers, **wire.SSE_HEADERS})
             async with watch.until(deadline, first, "the answer"):
                 body = await unless_disconnected(request, resp.aread())
+            if convert is not None:
+                body, media = convert.answer(body), "application/json"
             if routed.key is not None and complete_answer(body, streamed=False):
                 self.cache.put(routed.key, body, media)
             return Response(body, media_type=media, headers=headers)
@@ -305,7 +310,8 @@ class Proxy:
         except TimeoutError:  # past the deadline before the answer: silence, the upstream is closed below
             self.metrics.degraded.labels("deadline").inc()
             return silence(routed, {"X-Warmpath-Node": node.url})
-        except (httpx.HTTPError, StopAsyncIteration, Stalled) as e:  # nothing was sent to the client yet
+        except (httpx.HTTPError, StopAsyncIteration, Stalled, ValueError) as e:  # nothing sent to the client yet
+            # (ValueError: a translated answer that is not the OpenAI JSON it should be)
             raise _Failed(str(e) if isinstance(e, Stalled) else repr(e)) from None
         finally:
             if not handed_over:
@@ -346,6 +352,15 @@ class Proxy:
             node.in_flight -= 1
             watch.close()
             await resp.aclose()
+
+
+def upstream_message(body: bytes) -> str:
+    """A node's error message, from the OpenAI error object it answered with (else its text)."""
+    try:
+        error = json.loads(body).get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)
+    except (ValueError, AttributeError):
+        return body.decode("utf-8", "replace")[:500]
 
 
 def fault(routed: Routed, status: int, message: str, code: str) -> Response:

@@ -6,6 +6,7 @@
   prefix, the family's stop tokens as stop strings (kept as text so they can match); a model of no known
   family completes from the prefix alone. Clients keep sending `suffix` to any fleet.
 - Session hints the engine reads (llama.cpp's `cache_prompt`) unless the client set them.
+- An editor protocol the engine does not speak: as an OpenAI request (translate.py).
 """
 
 from __future__ import annotations
@@ -13,13 +14,27 @@ from __future__ import annotations
 import json
 
 from warmpath.api.fim import fim_for_model, repo_context
+from warmpath.router.translate import Translation, openai_request
 
 
-def request_body(node, body: dict | None, raw: bytes, own_model: bool) -> bytes:
-    """`node` a router/nodes.py Node; `body` the parsed request (None: sent as it came, the node judges it);
-    `own_model`: replace the model name with the node's (tiering)."""
+def prepare(node, routed, own_model: bool) -> tuple[str, bytes, Translation | None]:
+    """(path, body, translation) of one attempt of `routed` (proxy.Routed) on `node` (nodes.Node): an editor
+    protocol the node's engine does not speak goes as an OpenAI request, translated back on its way out."""
+    wire = routed.wire
+    if wire is not None and wire.__name__.rsplit(".", 1)[-1] not in node.engine.wires:
+        if routed.fill is None:
+            wire.parse(routed.raw)  # the body did not parse: the protocol's own 400 (raises), as a node gives it
+        model = node.models[0] if node.models else routed.fill.model
+        path, body = openai_request(routed.fill, model)
+        return path, request_body(node, body, None, False), Translation(wire, routed.fill, routed.model or model)
+    return routed.path, request_body(node, routed.body, routed.raw, own_model), None
+
+
+def request_body(node, body: dict | None, raw: bytes | None, own_model: bool) -> bytes:
+    """`node` a router/nodes.py Node; `body` the parsed request (None: sent as it came, the node judges it) and
+    `raw` its bytes (None: always serialized); `own_model`: replace the model name with the node's (tiering)."""
     if body is None:
-        return raw
+        return raw or b""
     engine, out = node.engine, dict(body)
     if own_model and node.models:
         out["model"] = node.models[0]
@@ -27,7 +42,7 @@ def request_body(node, body: dict | None, raw: bytes, own_model: bool) -> bytes:
         out = render_fim(out, node.models[0] if node.models else str(out.get("model") or ""))  # what it serves
     for field, value in engine.hints.items():
         out.setdefault(field, value)
-    return raw if out == body else json.dumps(out).encode()
+    return raw if raw is not None and out == body else json.dumps(out).encode()
 
 
 def render_fim(body: dict, model: str) -> dict:

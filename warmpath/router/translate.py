@@ -1,0 +1,99 @@
+"""An editor protocol's request for a node whose engine does not speak it (vLLM, SGLang: no /infill, no Ollama or
+Tabby API): the request's Fill sent as an OpenAI completion (a chat completion for Ollama's templated generate),
+and the node's OpenAI answer, whole or streamed, turned back into the protocol's own answer and events. The
+editor plugin sees the protocol it speaks whatever engine serves it; upstream.py then renders the FIM prompt for
+the engine as for any OpenAI client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from warmpath.api import responses as wire_shapes
+from warmpath.api.fill import Fill, Outcome
+
+
+def openai_request(fill: Fill, model: str | None) -> tuple[str, dict]:
+    """(path, body) of the OpenAI request that runs `fill`."""
+    if fill.chat:
+        messages = [{"role": "system", "content": fill.system}] if fill.system else []
+        path, body = "/v1/chat/completions", {"messages": [*messages, {"role": "user", "content": fill.prefix}]}
+    else:
+        path, body = "/v1/completions", {"prompt": fill.prefix + fill.middle}
+        if fill.suffix is not None:
+            body["suffix"] = fill.suffix
+        if fill.extra:
+            body["extra"] = [{"filename": e.filename, "text": e.text} for e in fill.extra]
+    body.update(model=model or fill.model, temperature=fill.temperature, top_p=fill.top_p, stream=fill.stream)
+    if fill.max_tokens is not None:  # 0 (a warm-up: only fill the cache) runs one token, never shown
+        body["max_tokens"] = max(1, fill.max_tokens)
+    if fill.stop:
+        body["stop"] = fill.stop
+    if fill.seed is not None:
+        body["seed"] = fill.seed
+    if fill.stream:
+        body["stream_options"] = {"include_usage": True}
+    return path, body
+
+
+@dataclass
+class Translation:
+    """One attempt's conversion back: the protocol (an api/ module), its Fill, and what the node reported."""
+
+    wire: object
+    fill: Fill
+    model: str | None
+    out: Outcome = field(default_factory=lambda: Outcome(finish="stop"))
+    started: float = field(default_factory=time.monotonic)
+    first: float | None = None
+
+    @property
+    def media(self) -> str:
+        return getattr(self.wire, "STREAM_MEDIA", "application/json") if self.fill.stream else "application/json"
+
+    def _read(self, choice: dict, usage: dict | None) -> str:
+        text = choice.get("text")
+        if text is None:
+            text = (choice.get("delta") or choice.get("message") or {}).get("content") or ""
+        if choice.get("finish_reason"):
+            self.out.finish = choice["finish_reason"]
+        if usage:
+            self.out.prompt_tokens = usage.get("prompt_tokens") or 0
+            self.out.generated_tokens = usage.get("completion_tokens") or 0
+            self.out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if text and self.first is None:
+            self.first = time.monotonic()
+        return "" if self.fill.max_tokens == 0 else text
+
+    def _timed(self) -> Outcome:
+        now = time.monotonic()
+        self.out.prompt_s = (self.first or now) - self.started
+        self.out.predict_s = now - self.first if self.first else 0.0
+        return self.out
+
+    def answer(self, body: bytes) -> bytes:
+        """The node's whole OpenAI answer as the protocol's."""
+        data = json.loads(body)
+        choice = (data.get("choices") or [{}])[0]
+        self.out.text = self._read(choice, data.get("usage"))
+        return self.wire.answer(self.fill, data.get("id") or wire_shapes.new_id("route"), self._timed(), self.model)
+
+    async def events(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The node's SSE events as the protocol's stream: one event per piece of text, its own last event."""
+        request_id = wire_shapes.new_id("route")
+        async for event in events:
+            data = event.strip().removeprefix(b"data:").strip()
+            if data == b"[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                continue
+            text = self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
+            self.out.text += text
+            if text:
+                yield self.wire.event(self.fill, request_id, text, self.out, self.model)
+        yield self.wire.end(self.fill, request_id, self._timed(), self.model)
