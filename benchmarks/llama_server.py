@@ -1,0 +1,127 @@
+"""llama.cpp's own C++ `llama-server` as a real engine behind warmpath's router (issue 22).
+
+    python benchmarks/llama_server.py install                                # build it once, cached
+    python benchmarks/llama_server.py serve --port 8003 --threads 2 [--ctx 8192] [--parallel 4]
+
+Not llama-cpp-python's Python server (that one is llama_cpp_server.py): this is the server llama.cpp ships,
+with /health, /props, /slots, /metrics, /infill and /v1/completions. `install` builds just the `llama-server`
+target with cmake (Release, static, no web UI, no curl/openssl) from the llama.cpp that the cached
+llama-cpp-python sdist vendors ($WARMPATH_HOME/sdists, fetched again with pip when absent) into
+$WARMPATH_HOME/baselines/llama-server/bin; it skips the build when that binary exists. On AMX machines it
+takes llama_cpp_server.py's flags (the native build crashes in llama.cpp's AMX path). `serve` runs the
+bundled GGUF with metrics and slots on, alias `smollm2`, continuous batching and prompt caching, one unified
+KV buffer for all slots. Never part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from warmpath.config import warmpath_home  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llama_cpp_server import VERSION, cmake_args  # noqa: E402
+
+SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
+VENDOR = f"llama_cpp_python-{VERSION}/vendor/llama.cpp"
+
+
+def root() -> Path:
+    return warmpath_home() / "baselines" / "llama-server"
+
+
+def binary() -> Path:
+    return root() / "bin" / "llama-server"
+
+
+def sdist() -> Path:
+    """The llama-cpp-python sdist (it vendors llama.cpp), from warmpath's cache or pip."""
+    cached = warmpath_home() / "sdists" / SDIST
+    if cached.exists():
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    print(f"downloading {SDIST} with pip ...", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+                    "--dest", str(cached.parent), f"llama-cpp-python=={VERSION}"], check=True)
+    return cached
+
+
+def source(into: Path) -> Path:
+    """Unpack only the vendored llama.cpp; it must have the server (tools/server, or examples/server before)."""
+    with tarfile.open(sdist()) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(VENDOR + "/")]
+        tar.extractall(into, members=members, filter="data")
+    src = into / VENDOR
+    if not any((src / d / "server" / "CMakeLists.txt").exists() for d in ("tools", "examples")):
+        sys.exit(f"{SDIST} vendors a llama.cpp without its server")
+    return src
+
+
+def install() -> Path:
+    exe = binary()
+    if exe.exists():
+        print(f"llama-server already built: {exe}")
+        return exe
+    jobs = str(os.cpu_count() or 2)
+    with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
+        src = source(Path(tmp))
+        build = Path(tmp) / "build"
+        # LLAMA_USE_PREBUILT_UI=OFF: the web UI would be downloaded from Hugging Face; the server runs without it.
+        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
+                 "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", *cmake_args().split()]
+        print(f"building llama-server from {SDIST}'s llama.cpp with -j{jobs} (a few minutes) ...", flush=True)
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build), *flags], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--config", "Release", "--target", "llama-server",
+                        "-j", jobs], check=True)
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build / "bin" / "llama-server", exe.with_suffix(".tmp"))
+        exe.with_suffix(".tmp").rename(exe)
+    subprocess.run([str(exe), "--version"], check=True)
+    return exe
+
+
+def server_cmd(port: int, threads: int, ctx: int, parallel: int) -> list[str]:
+    from warmpath.models.registry import resolve_model
+
+    return [str(binary()), "--model", str(resolve_model("smollm2")), "--alias", "smollm2",
+            "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), "--threads-batch", str(threads),
+            "--ctx-size", str(ctx), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
+            "--cache-prompt", "--metrics", "--slots", "--no-webui"]
+
+
+def serve(port: int, threads: int, ctx: int, parallel: int) -> None:
+    if not binary().exists():
+        sys.exit(f"llama-server is not built; run: python {sys.argv[0]} install")
+    cmd = server_cmd(port, threads, ctx, parallel)
+    print(" ".join(cmd), flush=True)
+    os.execv(cmd[0], cmd)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install")
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, default=8003)
+    s.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    s.add_argument("--ctx", type=int, default=8192)
+    s.add_argument("--parallel", type=int, default=4)
+    args = p.parse_args()
+    if args.cmd == "install":
+        install()
+    else:
+        serve(args.port, args.threads, args.ctx, args.parallel)
+
+
+if __name__ == "__main__":
+    main()
