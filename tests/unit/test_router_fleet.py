@@ -147,3 +147,24 @@ def test_editor_protocols_reach_an_engine_that_speaks_only_openai(fleet):
         assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(plain)
         bad = httpx.post(f"{rurl}/infill", json={"input_prefix": 5}, timeout=60)  # llama.cpp's own 400 shape
         assert bad.status_code == 400 and "error" in bad.json()
+
+
+def test_a_whole_answer_from_an_engine_that_aborts_only_streams_is_streamed_and_collected(fleet):
+    """Declared as llama.cpp (which keeps computing a non-streamed request whose client left): the router streams
+    it from the node and answers the whole completion itself; the same text and usage as the node's own."""
+    url, app = next(iter(fleet.items()))
+    body = {"prompt": CODE, "max_tokens": 7, "temperature": 0}
+    direct = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    chat = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 5, "temperature": 0}
+    direct_chat = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).json()
+    with router(node=[f"llamacpp={url}"], cache_entries=0) as (rurl, _):
+        via = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60).json()
+        assert via["object"] == "text_completion" and via["choices"][0]["text"] == direct["choices"][0]["text"]
+        assert via["choices"][0]["finish_reason"] == "length" and via["usage"]["completion_tokens"] == 7
+        via_chat = httpx.post(f"{rurl}/v1/chat/completions", json=chat, timeout=60).json()
+        assert via_chat["choices"][0]["message"] == direct_chat["choices"][0]["message"]
+        # past the deadline: silence, and the node stopped (the stream was closed)
+        r = httpx.post(f"{rurl}/v1/completions", json={"prompt": CODE * 40, "max_tokens": 500},
+                       headers={"X-Deadline-Ms": "40"}, timeout=60)
+        assert r.json()["choices"][0]["finish_reason"] == "deadline"
+        wait_for_step(app, lambda e: not e.requests)

@@ -51,9 +51,9 @@ DATA = Path(__file__).parents[1] / "data" / "engines"
 
 
 @pytest.mark.parametrize(("kind", "name", "running", "waiting", "kv", "queried", "hit"), [
-    ("vllm", "vllm_metrics_idle.txt", 0, 0, 0.0, 5, 0),  # one 5-token request since start
-    ("vllm", "vllm_metrics_busy.txt", 3, 3, 0.019243986254295575, 3973, 0),
-    ("vllm", "vllm_metrics_after.txt", 0, 0, 0.0, 15871, 6400),
+    ("vllm", "vllm_metrics_idle.txt", 0, 0, 0.0, 0, 0),
+    ("vllm", "vllm_metrics_busy.txt", 3, 3, 0.019243986254295575, 3968, 0),
+    ("vllm", "vllm_metrics_after.txt", 0, 0, 0.0, 15866, 6400),
     ("llamacpp", "llamacpp_metrics_busy.txt", 4, 2, 0.0, 2048, 0),
     ("llamacpp", "llamacpp_metrics_after.txt", 0, 0, 0.0, 9245 + 6621, 6621),  # its prompt count excludes cached
     ("sglang", "sglang_metrics_from_source.txt", 3, 2, 0.12, 15871, 6400),  # built from SGLang's source

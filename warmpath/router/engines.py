@@ -25,6 +25,10 @@ class EngineKind:
     prefix_counters: tuple[tuple[str, ...], tuple[str, ...]] | None
     accepts_suffix: bool  # its /v1/completions takes `suffix`; else the router renders the FIM prompt itself
     reads_deadline: bool  # it stops at X-Deadline-Ms itself; else only the router's silence and close apply
+    # It aborts a request whose client went away whether or not it streams. llama-server does not notice a closed
+    # connection of a non-streamed request while other requests (or /metrics scrapes) keep it busy: such requests
+    # are streamed from it, and the router makes the whole answer (translate.py).
+    cancels_whole: bool = True
     hints: Mapping[str, object] = field(default_factory=dict)  # body fields the engine reads, set unless given
     wires: tuple[str, ...] = ()  # the editor protocols (api/ modules) it speaks itself, besides OpenAI's
 
@@ -47,11 +51,13 @@ ENGINES = {
         accepts_suffix=False, reads_deadline=False),
     # llama-server keeps a slot's KV for the next request only when asked (cache_prompt: the default in recent
     # versions, said explicitly for older ones). Its prompt-token counter excludes the cached ones; no KV gauge.
+    # Its /v1/completions ignores `suffix`, and its /infill refuses a model without FIM tokens (501): the router
+    # renders FIM and translates /infill itself, by the model's name, as for vLLM.
     "llamacpp": EngineKind(
         "llamacpp", ("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), (),
         (("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"),
          ("llamacpp:prompt_tokens_cached_total",)),
-        accepts_suffix=False, reads_deadline=False, hints={"cache_prompt": True}, wires=("infill",)),
+        accepts_suffix=False, reads_deadline=False, hints={"cache_prompt": True}, cancels_whole=False),
     # Any other OpenAI-compatible server: no load signal but the router's own count, no suffix.
     "openai": EngineKind("openai", (), (), (), None, accepts_suffix=False, reads_deadline=False),
 }

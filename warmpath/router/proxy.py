@@ -36,7 +36,7 @@ from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.sessions import SessionLog
 from warmpath.router.tiering import LINE, completion_kind
-from warmpath.router.translate import Translation
+from warmpath.router.translate import Collected, Translation, upstream_message
 from warmpath.router.upstream import prepare
 from warmpath.router.watch import Stalled, Watch
 
@@ -255,7 +255,7 @@ class Proxy:
         return h
 
     async def send(self, request: Request, node: Node, path: str, payload: bytes, routed: Routed,
-                   convert: Translation | None = None) -> Response:
+                   convert: Translation | Collected | None = None) -> Response:
         """One attempt on one node. Raises _Failed while nothing has reached the client yet: the node refused,
         failed, answered 5xx, sent nothing within its bound (first event of a stream, or a whole answer) or
         left the ring."""
@@ -284,6 +284,10 @@ class Proxy:
                 if convert is not None:  # ... in the protocol the client speaks
                     return fault(routed, resp.status_code, upstream_message(body), "upstream_rejected")
                 return Response(body, status_code=resp.status_code, media_type=media, headers=headers)
+            if convert is not None and convert.collect:  # streamed from the node, answered whole
+                async with watch.until(deadline, first, "the answer"):
+                    body = await unless_disconnected(request, convert.gather(wire.sse_events(resp.aiter_raw())))
+                return self.whole(routed, body, "application/json", headers)
             if routed.stream and media.startswith(STREAM_MEDIA):
                 framing = routed.wire.FRAMING if routed.wire and not convert else "sse"
                 events = (wire.ndjson_lines if framing == "ndjson" else wire.sse_events)(resp.aiter_raw())
@@ -302,9 +306,7 @@ class Proxy:
                 body = await unless_disconnected(request, resp.aread())
             if convert is not None:
                 body, media = convert.answer(body), "application/json"
-            if routed.key is not None and complete_answer(body, streamed=False):
-                self.cache.put(routed.key, body, media)
-            return Response(body, media_type=media, headers=headers)
+            return self.whole(routed, body, media, headers)
         except ClientGone:  # a newer keystroke: closing the upstream stream (below) aborts it on the node
             return Response(status_code=499)
         except TimeoutError:  # past the deadline before the answer: silence, the upstream is closed below
@@ -319,6 +321,11 @@ class Proxy:
                 watch.close()
                 if resp is not None:
                     await resp.aclose()
+
+    def whole(self, routed: Routed, body: bytes, media: str, headers: dict) -> Response:
+        if routed.key is not None and complete_answer(body, streamed=False):
+            self.cache.put(routed.key, body, media)
+        return Response(body, media_type=media, headers=headers)
 
     async def relay(self, first: bytes, events: AsyncIterator[bytes], resp: httpx.Response, watch: Watch,
                     routed: Routed) -> AsyncIterator[bytes]:
@@ -352,15 +359,6 @@ class Proxy:
             node.in_flight -= 1
             watch.close()
             await resp.aclose()
-
-
-def upstream_message(body: bytes) -> str:
-    """A node's error message, from the OpenAI error object it answered with (else its text)."""
-    try:
-        error = json.loads(body).get("error")
-        return str(error.get("message") if isinstance(error, dict) else error)
-    except (ValueError, AttributeError):
-        return body.decode("utf-8", "replace")[:500]
 
 
 def fault(routed: Routed, status: int, message: str, code: str) -> Response:

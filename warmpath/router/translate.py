@@ -1,8 +1,12 @@
-"""An editor protocol's request for a node whose engine does not speak it (vLLM, SGLang: no /infill, no Ollama or
-Tabby API): the request's Fill sent as an OpenAI completion (a chat completion for Ollama's templated generate),
-and the node's OpenAI answer, whole or streamed, turned back into the protocol's own answer and events. The
-editor plugin sees the protocol it speaks whatever engine serves it; upstream.py then renders the FIM prompt for
-the engine as for any OpenAI client.
+"""Answers made by the router from a node's OpenAI answer:
+
+- Translation: an editor protocol's request for a node whose engine does not speak it (vLLM, SGLang: no /infill,
+  no Ollama or Tabby API) goes as an OpenAI completion (a chat completion for Ollama's templated generate); the
+  node's answer, whole or streamed, comes back in the protocol's own answer and events. upstream.py then renders
+  the FIM prompt for the engine as for any OpenAI client.
+- Collected: a whole (non-streamed) OpenAI answer asked of an engine that aborts only streams when the client
+  goes away (llama-server): streamed from the node, the whole answer made here, so a deadline or a client that
+  leaves still stops the node.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Translation:
     wire: object
     fill: Fill
     model: str | None
+    collect: bool = False  # the node streams what the client wants whole (Collected's reason)
     out: Outcome = field(default_factory=lambda: Outcome(finish="stop"))
     started: float = field(default_factory=time.monotonic)
     first: float | None = None
@@ -81,19 +86,79 @@ class Translation:
         self.out.text = self._read(choice, data.get("usage"))
         return self.wire.answer(self.fill, data.get("id") or wire_shapes.new_id("route"), self._timed(), self.model)
 
+    async def gather(self, events: AsyncIterator[bytes]) -> bytes:
+        """The protocol's whole answer from the node's stream."""
+        async for _ in self.events(events):
+            pass
+        return self.wire.answer(self.fill, wire_shapes.new_id("route"), self.out, self.model)
+
     async def events(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The node's SSE events as the protocol's stream: one event per piece of text, its own last event."""
         request_id = wire_shapes.new_id("route")
-        async for event in events:
-            data = event.strip().removeprefix(b"data:").strip()
-            if data == b"[DONE]":
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                continue
+        async for chunk in openai_chunks(events):
             text = self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
             self.out.text += text
             if text:
                 yield self.wire.event(self.fill, request_id, text, self.out, self.model)
         yield self.wire.end(self.fill, request_id, self._timed(), self.model)
+
+
+async def openai_chunks(events: AsyncIterator[bytes]) -> AsyncIterator[dict]:
+    """The JSON objects of an OpenAI SSE stream, up to [DONE]."""
+    async for event in events:
+        data = event.strip().removeprefix(b"data:").strip()
+        if data == b"[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(chunk, dict):
+            if "error" in chunk:
+                raise ValueError(f"the node's stream ended in an error: {chunk['error']}")
+            yield chunk
+
+
+# Body fields whose answer a collected stream cannot rebuild: such requests go to the node as they came.
+UNCOLLECTABLE = ("n", "best_of", "logprobs", "top_logprobs", "echo", "tools", "response_format")
+
+
+@dataclass
+class Collected:
+    """A whole OpenAI completion or chat completion, made from the node's stream of it."""
+
+    chat: bool
+    collect: bool = True
+
+    @staticmethod
+    def streamed(body: dict) -> dict | None:
+        """The body asking for the same answer as a stream (with usage), or None if it cannot be collected."""
+        if body.get("stream") or any(body.get(f) not in (None, False, 1) for f in UNCOLLECTABLE):
+            return None
+        return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+    async def gather(self, events: AsyncIterator[bytes]) -> bytes:
+        text, finish, usage, head = [], None, None, {}
+        async for chunk in openai_chunks(events):
+            head = head or chunk
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+                text.append(piece or "")
+                finish = choice.get("finish_reason") or finish
+        whole = "".join(text)
+        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice.update({"message": {"role": "assistant", "content": whole}} if self.chat else {"text": whole})
+        return json.dumps({"id": head.get("id") or wire_shapes.new_id("route"),
+                           "object": "chat.completion" if self.chat else "text_completion",
+                           "created": head.get("created") or int(time.time()), "model": head.get("model"),
+                           "choices": [choice], "usage": usage}).encode()
+
+
+def upstream_message(body: bytes) -> str:
+    """A node's error message, from the OpenAI error object it answered with (else its text)."""
+    try:
+        error = json.loads(body).get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)
+    except (ValueError, AttributeError):
+        return body.decode("utf-8", "replace")[:500]

@@ -6,7 +6,8 @@
   prefix, the family's stop tokens as stop strings (kept as text so they can match); a model of no known
   family completes from the prefix alone. Clients keep sending `suffix` to any fleet.
 - Session hints the engine reads (llama.cpp's `cache_prompt`) unless the client set them.
-- An editor protocol the engine does not speak: as an OpenAI request (translate.py).
+- An editor protocol the engine does not speak: as an OpenAI request (translate.py); a whole answer from an
+  engine that aborts only streams (llama-server): streamed, and collected by the router.
 """
 
 from __future__ import annotations
@@ -14,19 +15,26 @@ from __future__ import annotations
 import json
 
 from warmpath.api.fim import fim_for_model, repo_context
-from warmpath.router.translate import Translation, openai_request
+from warmpath.router.translate import Collected, Translation, openai_request
 
 
-def prepare(node, routed, own_model: bool) -> tuple[str, bytes, Translation | None]:
-    """(path, body, translation) of one attempt of `routed` (proxy.Routed) on `node` (nodes.Node): an editor
-    protocol the node's engine does not speak goes as an OpenAI request, translated back on its way out."""
-    wire = routed.wire
-    if wire is not None and wire.__name__.rsplit(".", 1)[-1] not in node.engine.wires:
+def prepare(node, routed, own_model: bool) -> tuple[str, bytes, Translation | Collected | None]:
+    """(path, body, conversion) of one attempt of `routed` (proxy.Routed) on `node` (nodes.Node): an editor
+    protocol the node's engine does not speak goes as an OpenAI request, translated back on its way out; a whole
+    answer from an engine that aborts only streams is streamed and collected."""
+    wire, engine = routed.wire, node.engine
+    if wire is not None and wire.__name__.rsplit(".", 1)[-1] not in engine.wires:
         if routed.fill is None:
             wire.parse(routed.raw)  # the body did not parse: the protocol's own 400 (raises), as a node gives it
         model = node.models[0] if node.models else routed.fill.model
         path, body = openai_request(routed.fill, model)
-        return path, request_body(node, body, None, False), Translation(wire, routed.fill, routed.model or model)
+        convert = Translation(wire, routed.fill, routed.model or model)
+        if not engine.cancels_whole and not routed.fill.stream:
+            body, convert.collect = {**body, "stream": True, "stream_options": {"include_usage": True}}, True
+        return path, request_body(node, body, None, False), convert
+    if wire is None and not engine.cancels_whole and routed.body is not None and \
+            (streamed := Collected.streamed(routed.body)) is not None:
+        return routed.path, request_body(node, streamed, None, own_model), Collected(routed.kind == "chat")
     return routed.path, request_body(node, routed.body, routed.raw, own_model), None
 
 
