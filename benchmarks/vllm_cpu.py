@@ -55,7 +55,8 @@ def server_cmd(port: int, threads: int) -> list[str]:
     # Prefix caching is on by default in vLLM V1; said explicitly so the warm rows are comparable.
     return [str(venv_dir() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(hf_dir()), "--served-model-name", "smollm2", "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", DTYPE, "--max-model-len", "8192", "--enable-prefix-caching"]
+            "--port", str(port), "--dtype", DTYPE, "--max-model-len", "8192", "--enable-prefix-caching",
+            "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as warmpath reports
 
 
 def convert() -> Path:
