@@ -120,6 +120,7 @@ def test_a_membership_change_moves_only_the_changed_nodes_keys():
     left = homes()
     assert all(left[k] == joined[k] for k in keys if joined[k] != NODES[1])
     assert NODES[1] not in left.values() and NODES[1] not in router.index
+    router.forget(NODES[1])  # it fails its health checks while its last requests end: nothing to forget
 
 
 def test_the_nodes_file(tmp_path):

@@ -139,4 +139,5 @@ class Router:
 
     def forget(self, node: str) -> None:
         """A node that lost its cache (restart) no longer holds what the index says."""
-        self.index[node].clear()
+        if node in self.index:  # (one that left the pool is no longer indexed)
+            self.index[node].clear()
