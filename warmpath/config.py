@@ -90,10 +90,13 @@ class EngineConfig:
     # depend on what shares its steps and on how much of its prompt was cached.
     allow_nondeterministic: bool = False
     # Speculative decoding (engine/speculative.py): "ngram" guesses from the request's own tokens, "suffix" also
-    # from its session's earlier requests; each guess is verified in the request's next step and kept only where
+    # from its session's earlier requests, "draft" with a small model; each guess is verified in the request's next step and kept only where
     # the model samples it, so outputs are the model's own; a step verifies guesses only while this machine's
     # measured step times say it pays (README, "Speculative decoding"). "none": off.
     speculative_method: str = "suffix"
+    # "draft": a second, smaller model with the same tokenizer guesses (engine/draft.py), in its own KV pool
+    speculative_draft_model: str | None = None
+    speculative_draft_blocks: int = 1024
     num_speculative_tokens: int = 4  # the most tokens guessed for a request in one step
     speculative_max_seqs: int = 4  # no guessing in a step with more decoding requests (compute-bound there)
     seed: int = 0
@@ -213,3 +216,11 @@ class SimConfig:
     tokenizer: str = "auto"  # auto | model | chars
     drain_s: float = 30.0  # after the trace: how long requests still in flight may finish
     sample_every_s: float = 1.0  # pool-use samples
+    fleet_sample_every_s: float = 10.0  # fleets: each sample looks up every session's prefix on its node
+    replicas: int = 1  # fleets (--fleet): router replicas, each its own Router with its own open-request counts
+    replica_by: str = "developer"  # what the balancer in front of them keys on: developer | request
+    # --fleet --sweep nodes: the fewest nodes keeping editor goodput at least this (None: this share of what
+    # --nodes nodes get: cold prefills cap goodput below 1 on some hardware whatever the fleet's size)
+    target_goodput: float | None = None
+    target_share: float = 0.95
+    router_busy: float = 0.5  # a router replica (one process, one core) planned to this share of its core at peak

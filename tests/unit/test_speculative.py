@@ -166,3 +166,34 @@ def test_the_counters_are_exported_by_method(tiny_gguf):
     proposed, accepted = _spec_totals(llm)
     assert f'warmpath_spec_draft_tokens_total{{method="ngram"}} {float(proposed)}' in text
     assert f'warmpath_spec_accepted_tokens_total{{method="ngram"}} {float(accepted)}' in text
+
+
+@pytest.mark.parametrize("draft", ["same", "other"])
+def test_a_draft_model_guesses_and_outputs_stay_the_models_own(tiny_gguf, tmp_path, draft):
+    """`draft`: a second model with the same tokenizer guesses. Drafting with the model itself keeps (nearly)
+    every guess, which only holds if the draft's own KV cache follows each request exactly through kept and
+    rejected guesses; another model's guesses are kept only in part; outputs are the same as without
+    speculation in both, and the draft's pool gets every block back."""
+    model = tiny_gguf if draft == "same" else write_tiny_gguf(tmp_path / "other.gguf", seed=7)[0]
+    kw = {"num_kv_blocks": 256, "dtype": "float32", "kernel": "torch"}
+    prompts = REPEATING + PLAIN
+    params = [GREEDY] * len(prompts)
+    off = _run(_engine_llm(str(tiny_gguf), "none", **kw), prompts, params)
+    llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(model), speculative_draft_blocks=64,
+                      block_size=4, **kw)
+    assert _run(llm, prompts, params) == off
+    proposed, accepted = _spec_totals(llm)
+    if draft == "same":
+        assert accepted >= 0.95 * proposed > 0, (proposed, accepted)
+    else:
+        assert 0 < accepted < proposed, (proposed, accepted)  # some kept, some rejected (rolled past)
+    proposer = llm.engine.speculator.proposer
+    assert sorted(proposer.free) == list(range(64)) and not proposer.states
+
+
+def test_a_draft_model_must_share_the_tokenizer(tiny_gguf, tmp_path):
+    other = write_tiny_gguf(tmp_path / "big-vocab.gguf", vocab_size=1000)[0]
+    with pytest.raises(ValueError, match="share the model's tokenizer"):
+        LLM(str(tiny_gguf), speculative_method="draft", speculative_draft_model=str(other))
+    with pytest.raises(ValueError, match="needs speculative_draft_model"):
+        LLM(str(tiny_gguf), speculative_method="draft")

@@ -140,7 +140,8 @@ class Engine:
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
                  str(self.kv_dtype).removeprefix("torch."), blocks * config.block_size / 4096)
-        self.speculator = None if config.speculative_method == "none" else Speculator(config, self.max_model_len)
+        self.speculator = None if config.speculative_method == "none" else \
+            Speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
@@ -171,8 +172,7 @@ class Engine:
         return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working, per_block)
 
     def _native_forward(self, config: EngineConfig, ckpt) -> NativeForward | None:
-        """The native kernel when the config and the model allow it (which sequences it then computes is the
-        runner's route())."""
+        """The native kernel when the config and the model allow it (runner.route() sends it its sequences)."""
         if config.kernel not in ("auto", "native", "torch"):
             raise ValueError(f"kernel must be auto, native or torch; got {config.kernel!r}")
         if config.kernel_activations not in ("auto", *ACTIVATIONS):

@@ -7,20 +7,28 @@ from __future__ import annotations
 import torch
 
 from warmpath.config import EngineConfig
+from warmpath.engine.draft import DraftProposer
 from warmpath.engine.request import Request
 from warmpath.engine.sampler import sample
 from warmpath.engine.speculative import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
 
-PROPOSERS = {"ngram": NgramProposer, "suffix": SuffixProposer}
+PROPOSERS = {"ngram": NgramProposer, "suffix": SuffixProposer, "draft": DraftProposer}
 
 
 class Speculator:
-    def __init__(self, config: EngineConfig, max_model_len: int):
+    def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int):
         if config.speculative_method not in PROPOSERS:
-            raise ValueError(f"speculative_method must be none, ngram or suffix; got {config.speculative_method!r}")
+            raise ValueError(f"speculative_method must be none, ngram, suffix or draft; got "
+                             f"{config.speculative_method!r}")
         if config.num_speculative_tokens < 1 or config.speculative_max_seqs < 1:
             raise ValueError("num_speculative_tokens and speculative_max_seqs must be >= 1")
-        self.proposer = PROPOSERS[config.speculative_method]()
+        if config.speculative_method == "draft":
+            if not config.speculative_draft_model:
+                raise ValueError("speculative_method draft needs speculative_draft_model")
+            self.proposer = DraftProposer(config.speculative_draft_model, vocab_size,
+                                          config.speculative_draft_blocks, config.block_size)
+        else:
+            self.proposer = PROPOSERS[config.speculative_method]()
         self.max_tokens, self.max_seqs = config.num_speculative_tokens, config.speculative_max_seqs
         self.max_model_len = max_model_len
         self.decode_times = StepTimes(config.max_num_seqs * (1 + config.num_speculative_tokens))
@@ -33,16 +41,21 @@ class Speculator:
         decoding = [r for r in running if r.num_computed_tokens + 1 == r.num_tokens]
         if len(decoding) > self.max_seqs:
             return
+        ks = []
         for r in decoding:
             spec = r.speculation = r.speculation or Speculation()
             room = min(r.max_tokens - len(r.output_token_ids) - 1, self.max_model_len - r.num_tokens)
             k = min(self.max_tokens, room)
-            if k <= 0 or not spec.wants():
+            ks.append(k if k > 0 and spec.wants() else 0)
+            if not ks[-1] or isinstance(self.proposer, DraftProposer):
                 continue
             if isinstance(self.proposer, SuffixProposer):
                 r.draft_token_ids = self.proposer.propose(r.all_token_ids, spec, k, r.session_id)
             else:
                 r.draft_token_ids = self.proposer.propose(r.all_token_ids, spec, k)
+        if isinstance(self.proposer, DraftProposer):  # one batched draft forward per guessed position
+            for r, guesses in zip(decoding, self.proposer.propose(decoding, ks, running), strict=True):
+                r.draft_token_ids = guesses
         offered = [len(r.draft_token_ids) for r in decoding]
         if any(offered):
             taken = choose_drafts(len(decoding), [r.speculation.acceptance for r in decoding], offered,
@@ -69,3 +82,5 @@ class Speculator:
         """What the request's session saw, for its next requests (the suffix proposer)."""
         if isinstance(self.proposer, SuffixProposer):
             self.proposer.learn(req.session_id, req.all_token_ids)
+        elif isinstance(self.proposer, DraftProposer):
+            self.proposer.forget(req.request_id)
