@@ -497,3 +497,21 @@ def test_chunks_over_a_context_whatever_the_chunking(tmp_path, kv_dtype, kernel_
         runner.forward([SeqInput(prompt[:150], 0, table)])
         ref = runner.forward([SeqInput(prompt[150:], 150, table)])
         torch.testing.assert_close(results[0][0], ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+def test_decode_rows_of_one_sequence_attend_together_with_each_rows_own_numbers(tmp_path, activations, kernel_build):
+    """A verified decode's rows (the same blocks, consecutive positions, over a span boundary) are attended as one
+    group reading each K/V row once: each row's logits are bit for bit those of the row computed alone."""
+    _, (kernel,) = tiny_gguf_kernels(tmp_path, torch.bfloat16, activations=activations)
+    prompt, table = step_inputs(150, 0)
+    other, other_table = step_inputs(40, 20)
+    kernel.kv_cache.zero_()
+    kernel.forward([prompt[:125], other], [0, 0], [table, other_table])
+    guesses = prompt[125:131]  # positions 125..130: 128 is a span boundary
+    together = kernel.forward([[t] for t in guesses] + [[other[-1]]], [125 + j for j in range(6)] + [40],
+                              [table] * 6 + [other_table])
+    for j, t in enumerate(guesses):  # the K/V of positions 125..130 are in the cache now: recompute each alone
+        alone = kernel.forward([[t]], [125 + j], [table])
+        assert torch.equal(alone[0], together[j]), j
+    assert torch.equal(kernel.forward([[other[-1]]], [40], [other_table])[0], together[6])

@@ -43,13 +43,15 @@ static inline float max_of(const float *v, int n) {
     return mx;
 }
 
-/* One decode row's G query heads over tokens t0..t1 (all visible), K/V read where they lie in the cache (KV
-   type KVT; kc, vc: this KV head's first element, tok elements from one token to the next): each K/V row once
-   for the G heads. s holds G x SPLIT scores. Prefetches bytes pf0..pf1 of each token's K and V rows (relative
-   to this head's): the first KV head of a task fetches whole rows, the others find them in cache. */
-AI void one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs, int64_t tok, int G,
-                int hd, float scale, int64_t t0, int64_t t1, float *s, float *part, int64_t pf0, int64_t pf1,
-                const int KVT) {
+/* NR decode rows' G query heads each (q[r]: row r's G heads) over tokens t0..t1 (visible to all NR), K/V read
+   where they lie in the cache (KV type KVT; kc, vc: this KV head's first element, tok elements from one token to
+   the next): each K/V row read once for the NR x G queries, the rows after the first finding it in L1. Row r's
+   numbers are the same whatever NR: its own chains, in the same order. s holds NR x G x SPLIT scores; part[r]
+   gets row r's G partial results. Prefetches bytes pf0..pf1 of each token's K and V rows (relative to this
+   head's): the first KV head of a task fetches whole rows, the others find them in cache. */
+AI void one_row(const float *const *q, int NR, const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs,
+                int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *const *part,
+                int64_t pf0, int64_t pf1, const int KVT) {
     const int n = (int)(t1 - t0), ES = KVT == WP_KV_F32 ? 4 : 2;
     const uint8_t *rows[SPLIT]; /* where each token's K (and, at the same offset, V) row lies */
     for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok * ES;
@@ -66,11 +68,11 @@ AI void one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int3
             for (int u = t + ONE_ROW_AHEAD; u < t + 8 + ONE_ROW_AHEAD && u < n; u++)
                 for (int64_t o = pf0; o < pf1; o += 64)
                     __builtin_prefetch(rows[u] + o), __builtin_prefetch(rows[u] + v_off + o);
-            for (int j = 0; j < G; j++) {
+            for (int j = 0; j < NR * G; j++) { /* query j: row j / G, head j % G */
                 __m256 acc[8];
                 for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
                 for (int d = 0; d < hd; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(q + j * hd + d);
+                    const __m256 qv = _mm256_loadu_ps(q[j / G] + j % G * hd + d);
                     for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, kv8(rows[t + u] + d * ES, KVT), acc[u]);
                 }
                 const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
@@ -82,9 +84,9 @@ AI void one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int3
         }
 #endif
     for (; t < n; t++)
-        for (int j = 0; j < G; j++) s[j * SPLIT + t] = dot_kv(q + j * hd, rows[t], hd, KVT) * scale;
-    for (int j = 0; j < G; j++) {
-        float *sj = s + j * SPLIT, *pj = part + j * (hd + 2), *o = pj + 2;
+        for (int j = 0; j < NR * G; j++) s[j * SPLIT + t] = dot_kv(q[j / G] + j % G * hd, rows[t], hd, KVT) * scale;
+    for (int j = 0; j < NR * G; j++) {
+        float *sj = s + j * SPLIT, *pj = part[j / G] + j % G * (hd + 2), *o = pj + 2;
         const float mx = max_of(sj, n);
         pj[0] = mx;
         pj[1] = exp_shifted(sj, n, mx);
@@ -114,12 +116,13 @@ AI void one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int3
 }
 
 /* one_row for the cache's KV type: one specialised copy per type. */
-static void attend_one_row(const float *q, const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs,
-                           int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *part,
-                           int64_t pf0, int64_t pf1, int kvt) {
-    if (kvt == WP_KV_BF16) one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_BF16);
-    else if (kvt == WP_KV_F16) one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F16);
-    else one_row(q, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F32);
+static void attend_rows(const float *const *q, int NR, const uint8_t *kc, const uint8_t *vc, const int32_t *table,
+                        int bs, int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s,
+                        float *const *part, int64_t pf0, int64_t pf1, int kvt) {
+    if (kvt == WP_KV_BF16) one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_BF16);
+    else if (kvt == WP_KV_F16)
+        one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F16);
+    else one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F32);
 }
 
 /* Queries per register tile of span_queries (x 32 keys: 8 accumulators, each K/V load feeding two FMAs); more
@@ -277,33 +280,60 @@ static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, cons
    decode row, all KV heads at once, and (sequence, KV head, span) for a chunk; each writes its partial
    results ([max score, sum of exp, unnormalized output] per query head and row) at its own place in parts.
    Planned and allocated once per forward pass. */
+#define MAX_GROUP 16 /* decode rows of one sequence attended together (a verified decode's guesses) */
+
 typedef struct {
-    int *first;    /* [S + 1] first task of each sequence */
-    int64_t *poff; /* [S + 1] where its partial results start */
-    int *row_seq;  /* [R] the sequence of each row */
+    int *first;     /* [S + 1] first task of each sequence */
+    int *group_end; /* [S] a decode row leading a group: one past its last row; a row inside a group: -1 */
+    int64_t *poff;  /* [S + 1] where its partial results start */
+    int *row_seq;   /* [R] the sequence of each row */
     float *parts, *work;
     int64_t scratch; /* floats of work per thread */
 } attn_plan;
 
-static void free_plan(attn_plan *P) { free(P->first), free(P->poff), free(P->row_seq), free(P->parts), free(P->work); }
+static void free_plan(attn_plan *P) {
+    free(P->first), free(P->group_end), free(P->poff), free(P->row_seq), free(P->parts), free(P->work);
+}
 
-static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *start, int nthreads,
-                          attn_plan *P) {
+/* Decode rows sq_a and sq_b read the same blocks up to position last (inclusive). */
+static int same_blocks(const int32_t *tables, int width, int sq_a, int sq_b, int64_t last, int bs) {
+    const int64_t nb = last / bs + 1;
+    return nb <= width && !memcmp(tables + (int64_t)sq_a * width, tables + (int64_t)sq_b * width, nb * sizeof(int32_t));
+}
+
+static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *start,
+                          const int32_t *tables, int width, int nthreads, attn_plan *P) {
     const int KVH = M->num_kv_heads, hd = M->head_dim, G = M->num_heads / KVH;
     memset(P, 0, sizeof(*P));
     P->first = (int *)malloc((size_t)(S + 1) * sizeof(int));
+    P->group_end = (int *)malloc((size_t)S * sizeof(int) + 1);
     P->poff = (int64_t *)malloc((size_t)(S + 1) * sizeof(int64_t));
     P->row_seq = (int *)malloc((size_t)seq_rows[S] * sizeof(int) + 1);
-    if (!P->first || !P->poff || !P->row_seq) return free_plan(P), -1;
+    if (!P->first || !P->group_end || !P->poff || !P->row_seq) return free_plan(P), -1;
+    P->scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > SPAN_NQ ? G : SPAN_NQ) * SPLIT;
+    const int fit = (int)(P->scratch / ((int64_t)G * SPLIT)), max_group = fit < MAX_GROUP ? fit : MAX_GROUP;
+    /* Groups: a decode row at the next position over the same blocks as the previous decode row (a verified
+       decode's guesses) joins its group; the group's tasks (one per span) attend all its rows at once. */
+    for (int sq = 0, lead = -1; sq < S; sq++) {
+        const int decode = seq_rows[sq + 1] - seq_rows[sq] == 1;
+        if (decode && lead >= 0 && sq - lead < max_group && start[sq] == start[lead] + (sq - lead) &&
+            same_blocks(tables, width, lead, sq, start[sq], M->block_size))
+            P->group_end[lead] = sq + 1, P->group_end[sq] = -1;
+        else P->group_end[sq] = sq + 1, lead = decode ? sq : -1;
+    }
     P->first[0] = 0, P->poff[0] = 0;
     for (int sq = 0; sq < S; sq++) {
         const int nrows = seq_rows[sq + 1] - seq_rows[sq];
         const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
         for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) P->row_seq[r] = sq;
-        P->first[sq + 1] = P->first[sq] + (nrows == 1 ? nspan : KVH * nspan); /* a decode row's task: all KV heads */
+        int tasks = KVH * nspan;
+        if (nrows == 1) { /* a decode group's task: one span, all KV heads, all rows (the last sees the most) */
+            const int end = P->group_end[sq];
+            tasks = end < 0 ? 0 : (int)((start[end - 1] + 1 + SPLIT - 1) / SPLIT);
+        }
+        P->first[sq + 1] = P->first[sq] + tasks;
         P->poff[sq + 1] = P->poff[sq] + (int64_t)KVH * nspan * nrows * G * (hd + 2);
     }
-    P->scratch = 2 * (int64_t)hd * SPLIT + (int64_t)(G > SPAN_NQ ? G : SPAN_NQ) * SPLIT;
     P->parts = (float *)malloc((size_t)P->poff[S] * sizeof(float));
     P->work = (float *)malloc((size_t)nthreads * P->scratch * sizeof(float));
     if (!P->parts || !P->work) return free_plan(P), -1;
@@ -350,9 +380,23 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
             const float *q = qkv + (int64_t)seq_rows[sq] * qkv_w;
             const int32_t *table = tables + (int64_t)sq * width;
             if (nrows == 1) { /* decode: too few queries to pay for staging K/V; read them in place, whole rows */
+                const int end = P->group_end[sq];
                 for (int g = 0; g < KVH; g++)
-                    attend_one_row(q + g * G * hd, kc + g * hd * ES, vc + g * hd * ES, table, bs, tok, G, hd, M->scale,
-                                   t0, t1, w, parts + poff[sq] + (g * nspan + c) * stride, 0, g ? 0 : tok * ES, kvt);
+                    for (int r0 = sq, r1; r0 < end; r0 = r1) { /* the group's rows that see the same tokens */
+                        const int64_t e0 = start[r0] + 1 < t0 + SPLIT ? start[r0] + 1 : t0 + SPLIT;
+                        for (r1 = r0 + 1; r1 < end && (start[r1] + 1 < t0 + SPLIT ? start[r1] + 1 : t0 + SPLIT) == e0;)
+                            r1++;
+                        if (e0 <= t0) continue; /* this span is after the row's position */
+                        const float *qs[MAX_GROUP];
+                        float *ps[MAX_GROUP];
+                        for (int r = r0; r < r1; r++) {
+                            const int64_t nsp = (start[r] + 1 + SPLIT - 1) / SPLIT;
+                            qs[r - r0] = qkv + (int64_t)seq_rows[r] * qkv_w + g * G * hd;
+                            ps[r - r0] = parts + poff[r] + (g * nsp + c) * stride;
+                        }
+                        attend_rows(qs, r1 - r0, kc + g * hd * ES, vc + g * hd * ES, table, bs, tok, G, hd, M->scale,
+                                    t0, e0, w, ps, 0, g ? 0 : tok * ES, kvt);
+                    }
             } else {
                 const int g = (int)(idx / nspan);
                 attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd * ES, vc + g * hd * ES, table, bs, tok,

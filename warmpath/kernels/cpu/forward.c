@@ -94,7 +94,7 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
     }
     const float *cos_t = M->rope, *sin_t = M->rope + (int64_t)M->max_positions * hd;
     attn_plan plan;
-    if (plan_attention(M, S, seq_rows, start, nthreads, &plan)) {
+    if (plan_attention(M, S, seq_rows, start, tables, width, nthreads, &plan)) {
         free(buf);
         return -1;
     }
