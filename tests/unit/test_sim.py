@@ -1,6 +1,7 @@
 """The simulator drives the engine's own Scheduler and BlockPool (and the router's policies): a change of
 eviction order in the engine changes its result; on the same agent trace the real engine (tiny model) and the
-simulator give every common turn the same prefix hit; the cost fit; fleets; the CLI."""
+simulator give every common turn the same prefix hit; the cost fit; fleets; the CLI; fleet mode (router
+replicas on the router's own load function, node loss, the fewest-nodes search)."""
 
 import json
 
@@ -8,13 +9,19 @@ import pytest
 
 import warmpath.engine.block_pool as kv_cache
 import warmpath.engine.scheduler as scheduler
+import warmpath.router.proxy as proxy
+import warmpath.router.scorer as scorer
+import warmpath.sim.fleet as fleet_mod
 from warmpath.cli import main
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
 from warmpath.sim import chunk_tokenizer, simulate
 from warmpath.sim.calibrate import fit
+from warmpath.sim.capacity import fewest_nodes
 from warmpath.sim.cost import CostModel, StepShape
 from warmpath.sim.driver import Driver, RealBackend, SimBackend
+from warmpath.sim.fleet import FAILOVERS, FleetDriver, FleetSpec
+from warmpath.sim.fleet_command import simulate_fleet
 from warmpath.sim.profiles import get_profile
 from warmpath.workloads import AgentParams, agent_trace, make_trace
 
@@ -131,3 +138,95 @@ def test_simulate_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert main(["simulate", "--profile", "h100-llama3-8b", "--sweep", "pool", "--sessions", "3", "--duration",
                  "300", "--tokenizer", "chars", "--plot", str(tmp_path / "s.png")]) == 0
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+# -- fleets: router replicas, the router's own load function, node loss ------------------------------------------
+def fleet(trace, nodes, spec, blocks=2000):
+    p = get_profile("h100-llama3-8b")
+    return simulate_fleet(trace, p, chunk_tokenizer, "bfloat16", blocks, 512, nodes, spec)
+
+
+def test_fleets_weigh_loads_with_the_routers_own_node_load_and_avoid_a_queued_node():
+    assert fleet_mod.node_load is scorer.node_load  # the function the real NodeSet.loads() calls
+    trace = make_trace("editor", 4, 60, seed=1)
+    driver = FleetDriver(trace, [SimBackend(COST, 500) for _ in range(3)], chunk_tokenizer, spec=FleetSpec())
+    session = next(f"dev-{i}" for i in range(100)
+                   if driver.replicas[0].ring.home(f"dev-{i}") == "node0")
+    queued = driver.backends[0]
+    for j in range(6):  # another replica's burst: the node's own gauges show it, this replica's counts do not
+        queued.add(f"other-{j}", list(range(2, 200)), 16, f"other-{j}", None, 0.0)
+    driver._handle(0.0, "scrape", {"session": "", "replica": 0})
+    assert driver.scraped[0][0].waiting == 6 and driver.loads(0)["node0"] == 12
+    assert driver._route("r1", session, "def f():\n" * 20) != 0
+    for j in range(6):
+        queued.abort(f"other-{j}")
+    driver._handle(1.0, "scrape", {"session": "", "replica": 0})
+    assert driver._route("r2", session, "def f():\n" * 20) == 0  # its queue gone, the session goes home
+
+
+def test_replicas_agree_on_every_sessions_node_while_loads_are_under_the_floor():
+    trace = make_trace("editor", 5, 600, seed=2, rate=4)
+    summary, driver = fleet(trace, 8, FleetSpec(replicas=3, replica_by="request"))
+    assert summary["replica_agreement"] == 1.0 and driver.agreement[1] == summary["requests"] > 50
+    assert summary["decisions"] == {"affinity_kept": summary["requests"]}
+    nodes = {}
+    for r in driver.records.values():  # round-robin over replicas, yet each session stays on one node
+        nodes.setdefault(r.session, set()).add(r.node)
+    assert all(len(v) == 1 for v in nodes.values())
+
+
+def test_a_lost_node_moves_only_its_own_sessions_and_loses_no_request():
+    trace = make_trace("editor", 16, 600, seed=4, rate=4)
+    spec = FleetSpec(replicas=2)
+    _, calm = fleet(trace, 4, spec)
+    # the moment a request is still waiting for its first token: it must fail over, not fail
+    victim = next(r for r in calm.records.values() if r.first_token and r.first_token - r.sent > 0.01
+                  and r.sent > 200)
+    at = victim.sent + 0.001
+    summary, driver = fleet(trace, 4, FleetSpec(replicas=2, kill_at=at, kill_node=victim.node))
+    k = summary["node_loss"]
+    assert k["node"] == f"node{victim.node}" and k["failed_over"] >= 1 and k["lost"] == 0
+    assert k["other_sessions_moved"] == 0 and k["sessions_homed"] >= 1
+    after = [r for r in driver.records.values() if r.sent >= at]
+    assert after and all(r.node != victim.node for r in after)
+    homes = driver.kill.homes
+    assert all(r.node == homes[r.session] for r in after if homes.get(r.session, victim.node) != victim.node)
+    moved = driver.records[victim.rid]
+    assert moved.node != victim.node and moved.first_token is not None and moved.error is None
+    assert not any(r.error and r.error != "upstream_failed" for r in driver.records.values())
+    assert FAILOVERS == proxy.MAX_ATTEMPTS - 1
+
+
+def test_a_small_fleet_run_is_deterministic_per_seed():
+    def go(seed):
+        s, _ = fleet(make_trace("editor", 24, 300, seed=seed, rate=4), 8,
+                     FleetSpec(replicas=2, replica_by="request", kill_at=150.0))
+        return {k: v for k, v in s.items() if k not in ("wall_s", "router_cpu")}
+    a = go(5)
+    assert a == go(5) and a != go(6)
+    assert a["node_loss"]["at_s"] == 150.0 and 0 < a["prefix_hit_rate"] < 1
+
+
+def test_fewest_nodes_bisects_to_the_smallest_fleet_that_meets_the_target():
+    calls = []
+
+    def run(n):
+        calls.append(n)
+        return {"editor_goodput": min(1.0, n / 10)}
+    assert fewest_nodes(run, 0.9, 4)[0] == 9 and len(calls) <= 6
+    assert fewest_nodes(lambda n: {"editor_goodput": 0.1}, 0.9, 4)[0] is None
+
+
+def test_simulate_fleet_cli_answers_how_many_nodes(tmp_path, capsys):
+    out = tmp_path / "fleet.json"
+    assert main(["simulate", "--fleet", "--profile", "h100-llama3-8b", "--sessions", "6", "--duration", "300",
+                 "--rate", "4", "--tokenizer", "chars", "--nodes", "4", "--replicas", "2", "--kill-node-at", "150",
+                 "--sweep", "nodes", "--target-goodput", "0.9", "--json", str(out),
+                 "--plot", str(tmp_path / "f.png")]) == 0
+    text = capsys.readouterr().out
+    assert "replica agreement" in text and "fewest nodes" in text
+    report = json.loads(out.read_text())
+    # one node would carry six developers, but not its own loss: every request after it fails (503)
+    assert report["fewest_nodes"] == 2 and all(r["node_loss"] for r in report["runs"].values())
+    assert report["runs"]["1 nodes"]["editor_goodput"] < 0.9 <= report["runs"]["2 nodes"]["editor_goodput"]
+    assert (tmp_path / "f.png").stat().st_size > 1000

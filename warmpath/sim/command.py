@@ -15,12 +15,13 @@ from warmpath.config import ClientConfig, SimConfig
 from warmpath.router.policies import POLICIES, Router
 from warmpath.sim.cost import save_calibration
 from warmpath.sim.driver import Driver, SimBackend
+from warmpath.sim.fleet_command import add_fleet_arguments, run_fleet
 from warmpath.sim.profiles import PROFILES, Profile, get_profile
 from warmpath.sim.report import summarize, table
 from warmpath.workloads import AgentParams, Trace, make_trace
 
 S = SimConfig
-SWEEPS = ("pool", "budget", "dtype", "nodes")
+SWEEPS = ("pool", "budget", "dtype", "nodes", "replicas")
 
 
 def chunk_tokenizer(text: str) -> list[int]:
@@ -60,11 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-ms", type=float, default=ClientConfig.deadline_ms,
                    help="editor client first-token deadline")
     p.add_argument("--tokenizer", default=S.tokenizer, choices=["auto", "model", "chars"])
-    p.add_argument("--sweep", choices=SWEEPS, help="pool size | token budget | weights dtype | nodes x policy")
+    p.add_argument("--sweep", choices=SWEEPS, help="pool size | token budget | weights dtype | nodes x policy "
+                   "(--fleet: the fewest nodes for --target-goodput) | replicas (--fleet: agreement)")
     p.add_argument("--calibrate", action="store_true", help="fit the cpu-smollm2 step-time model to the real "
                    "engine on this machine and save it (then simulate with it)")
     p.add_argument("--json", dest="json_path")
     p.add_argument("--plot", help="PNG (sweeps: the sweep's curves; else pool use and resident sessions over time)")
+    add_fleet_arguments(p)
 
 
 def build_trace(args, profile: Profile) -> Trace:
@@ -114,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
           f"{len(trace.sessions)} sessions, {trace.meta.get('duration_s')} s simulated "
           f"(built in {time.perf_counter() - t:.1f} s); weights {dtype}, {blocks} KV blocks x {profile.block_size} "
           f"tokens per node, budget {budget} tokens/step", file=sys.stderr)
+    if args.fleet:
+        return run_fleet(args, profile, trace, tokenize, dtype, blocks, budget, client)
+    if args.sweep == "replicas":
+        print("error: --sweep replicas needs --fleet", file=sys.stderr)
+        return 2
     runs: list[tuple[str, dict]] = []
     if not args.sweep:
         s, driver = simulate(trace, profile, tokenize, dtype, blocks, budget, args.nodes, args.policy, client)

@@ -48,11 +48,12 @@ class SimRecord:
     cancelled_at: float | None = None  # a newer keystroke closed it
     client_deadline: float | None = None  # the first token must come before this
     turn_index: int | None = None  # agent turns: which turn of the session
+    error: str | None = None  # the router answered an error, or ended the stream with one (its node died)
 
     @property
     def outcome(self) -> str:
         return outcome(self.kind, self.first_token, cancelled_at=self.cancelled_at, deadline=self.client_deadline,
-                       finish_reason=self.finish_reason)
+                       finish_reason=self.finish_reason, error=self.error)
 
     @property
     def ttft(self) -> float | None:
@@ -186,7 +187,9 @@ class Driver:
         self._seq = itertools.count()
         self._editors: dict[str, EditorSession] = {}  # editor session -> its plugin
         self._inflight: dict[str, str] = {}  # session -> request id in flight
-        self._last_prompt: dict[str, tuple[int, list[int], list[bytes]]] = {}  # session -> (node, ids, hashes)
+        # session -> (node, ids, block hashes: computed when a sample first needs them)
+        self._last_prompt: dict[str, tuple[int, list[int], list[bytes] | None]] = {}
+        self._active: set[int] = set()  # nodes given work since they were last seen idle (fleets: few of many)
         self._agent_turns: dict[str, list[dict]] = {}
         self._free_at = [0.0] * len(backends)
         self._origin = time.monotonic()
@@ -238,21 +241,30 @@ class Driver:
     def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,
               turn_index: int | None = None) -> SimRecord:
         ids = self.tokenize(text)
-        node = 0
-        if self.router is not None:
-            names = self.router.nodes
-            loads = {names[i]: sum(1 for r in self._inflight.values() if self.records[r].node == i
-                                   and self.records[r].done is None) for i in range(len(names))}
-            node = names.index(self.router.choose(RouteKey(session, text), names, loads).nodes[0])
         rid = f"{session}-{len(self.records)}"
+        node = self._route(rid, session, text)
         rec = SimRecord(rid, session, kind, t, len(ids), node, turn_index=turn_index)
         self.records[rid] = rec
         self._inflight[session] = rid
+        if node < 0:  # no node to take it: the router answers 503 at once
+            rec.error = "no_healthy_node"
+            self._finish(rec, t, "error")
+            return rec
         backend = self.backends[node]
         backend.add(rid, ids, max_tokens, session, deadline, t)
-        self._last_prompt[session] = (node, ids, backend.pool.hashes(ids))
+        self._last_prompt[session] = (node, ids, None)
+        self._active.add(node)
         self._free_at[node] = max(self._free_at[node], t)
         return rec
+
+    def _route(self, rid: str, session: str, text: str) -> int:
+        """The node for a new request (-1: none): the router's policy on this driver's open requests per node."""
+        if self.router is None:
+            return 0
+        names = self.router.nodes
+        loads = {names[i]: sum(1 for r in self._inflight.values() if self.records[r].node == i
+                               and self.records[r].done is None) for i in range(len(names))}
+        return names.index(self.router.choose(RouteKey(session, text), names, loads).nodes[0])
 
     def _finish(self, rec: SimRecord, t: float, reason: str) -> None:
         if rec.done is not None:
@@ -278,7 +290,8 @@ class Driver:
         next_sample = 0.0
         self._origin = time.monotonic()
         while True:
-            busy = [i for i, b in enumerate(self.backends) if b.busy()]
+            busy = sorted(i for i in self._active if self.backends[i].busy())
+            self._active = set(busy)
             t_event = self._events[0][0] if self._events else float("inf")
             t_step = min((self._free_at[i] for i in busy), default=float("inf"))
             if self.realtime:
@@ -344,7 +357,10 @@ class Driver:
         used = sum(b.pool.num_used for b in self.backends)
         cached = sum(len(b.pool.cached) for b in self.backends)
         resident = 0
-        for node, ids, hashes in self._last_prompt.values():
+        for session, (node, ids, hashes) in self._last_prompt.items():
+            if hashes is None:
+                hashes = self.backends[node].pool.hashes(ids)
+                self._last_prompt[session] = (node, ids, hashes)
             if hashes and len(self.backends[node].pool.find_cached_prefix(ids, hashes)) * 2 >= len(hashes):
                 resident += 1
         self.samples.append(Sample(t, used, cached, resident, sum(b.stats["preemptions"] for b in self.backends)))

@@ -78,3 +78,34 @@ def plot_timeline(driver: Driver, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_fleet(sweep: str | None, names: list[str], summaries: list[dict], path: str, title: str,
+               target: float | None = None) -> None:
+    """One fleet run: hit rate and editor goodput over time (the node's loss marked); sweeps: goodput and hit
+    rate against nodes, or agreement and hit rate against replicas."""
+    fig, ax = plt.subplots(figsize=(11, 4))
+    if sweep in ("nodes", "replicas"):
+        x = [s["nodes" if sweep == "nodes" else "replicas"] for s in summaries]
+        first = "editor_goodput" if sweep == "nodes" else "replica_agreement"
+        ax.plot(x, [100 * _v(s, first) for s in summaries], "o-", label=first.replace("_", " ") + " (%)")
+        ax.plot(x, [100 * _v(s, "prefix_hit_rate") for s in summaries], "s--", label="prefix-cache hit rate (%)")
+        ax.set_xlabel("nodes" if sweep == "nodes" else "router replicas")
+        if target is not None:
+            ax.axhline(100 * target, color="gray", linestyle=":", linewidth=1, label="goodput target")
+    else:
+        s = summaries[0]
+        t = [b["t"] / 60 for b in s["timeline"]]
+        ax.plot(t, [100 * _v(b, "hit_rate") for b in s["timeline"]], label="prefix-cache hit rate (%)")
+        ax.plot(t, [100 * _v(b, "editor_goodput") for b in s["timeline"]], label="editor goodput (%)")
+        if s.get("node_loss"):
+            ax.axvline(s["node_loss"]["at_s"] / 60, color="red", linestyle="--", linewidth=1,
+                       label=f"{s['node_loss']['node']} dies")
+        ax.set_xlabel("simulated minutes")
+    ax.set_ylabel("%")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
