@@ -20,8 +20,8 @@
 
    This file is the one translation unit (the forward glue and the exported wp_forward / wp_matmul); the parts
    are headers of static functions it includes once, so the compiler sees them whole and inlines across them:
-   common.h (structs, helpers), matmul.h (products; tiles.h, panels.h, portable.h), attention.h (and kv.h, the
-   cache's element types). */
+   common.h (structs, helpers), matmul.h (products; tiles.h, panels.h, portable.h), attention.h (its tasks in
+   attention_span.h; kv.h, the cache's element types). */
 
 #include "common.h"
 #include "matmul.h"
