@@ -37,14 +37,14 @@ class HashRing:
             return []
         want = len(self.nodes) if available is None else len(available & set(self.nodes))
         start = bisect.bisect_left(self._hashes, hash64(key))
-        seen: list[str] = []
+        seen: dict[str, None] = {}  # insertion-ordered: ring order, O(1) membership
         for i in range(len(self._hashes)):
             node = self._owners[(start + i) % len(self._owners)]
             if node not in seen and (available is None or node in available):
-                seen.append(node)
+                seen[node] = None
                 if len(seen) == want:
                     break
-        return seen
+        return list(seen)
 
     def home(self, key: str, available: set[str] | None = None) -> str | None:
         """The node that owns the key when loads are ignored."""
@@ -63,7 +63,11 @@ def bounded_walk(ring: HashRing, key: str, loads: Mapping[str, float], c: float,
                  available: set[str] | None = None, floor: int = 0) -> list[str]:
     """Ring order from the key, the first node with room for one more request moved to the front (the rest
     stay in ring order: they are the failover candidates)."""
-    order = ring.walk(key, available)
+    return bounded_order(ring.walk(key, available), loads, c, floor)
+
+
+def bounded_order(order: list[str], loads: Mapping[str, float], c: float, floor: int = 0) -> list[str]:
+    """bounded_walk on a ring walk already taken (its first node is the key's home)."""
     if not order:
         return order
     cap = load_cap(loads, order, c, floor)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from warmpath.router.hashing import HashRing, bounded_walk, load_cap
+from warmpath.router.hashing import HashRing, bounded_order, load_cap
 
 POLICIES = ("round-robin", "least-load", "session", "prefix", "hybrid")
 
@@ -111,8 +111,8 @@ class Router:
             return Decision(self._by_load(available, loads), "least_load")
         blocks = prompt_blocks(key.prompt, self.block_chars)
         if policy == "session" and key.session:
-            order = bounded_walk(self.ring, key.session, loads, self.c, set(available), self.floor)
-            home = self.ring.home(key.session, set(available))
+            walk = self.ring.walk(key.session, set(available))  # ring order: its first node is the home
+            order, home = bounded_order(walk, loads, self.c, self.floor), walk[0]
             decision = Decision(order, "affinity_kept" if order[0] == home else "affinity_broken_load")
         else:  # prefix (also session without a key)
             decision = self._prefix(blocks, available, loads)
