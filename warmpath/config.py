@@ -90,9 +90,10 @@ class EngineConfig:
     # depend on what shares its steps and on how much of its prompt was cached.
     allow_nondeterministic: bool = False
     # Speculative decoding (engine/speculative.py): "ngram" guesses from the request's own tokens, "suffix" also
-    # from its session's earlier requests, "draft" with a small model; each guess is verified in the request's next step and kept only where
-    # the model samples it, so outputs are the model's own; a step verifies guesses only while this machine's
-    # measured step times say it pays (README, "Speculative decoding"). "none": off.
+    # from its session's earlier requests, "draft" with a small model; each guess is verified in the request's
+    # next step and kept only where the model samples it, so outputs are the model's own; a step verifies
+    # guesses only while this machine's measured step times say it pays, and never beside a prompt (README,
+    # "Speculative decoding"). "none": off.
     speculative_method: str = "suffix"
     # "draft": a second, smaller model with the same tokenizer guesses (engine/draft.py), in its own KV pool
     speculative_draft_model: str | None = None

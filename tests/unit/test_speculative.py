@@ -197,3 +197,22 @@ def test_a_draft_model_must_share_the_tokenizer(tiny_gguf, tmp_path):
         LLM(str(tiny_gguf), speculative_method="draft", speculative_draft_model=str(other))
     with pytest.raises(ValueError, match="needs speculative_draft_model"):
         LLM(str(tiny_gguf), speculative_method="draft")
+
+
+def test_no_guesses_while_a_prompt_waits_or_is_computed(tiny_gguf):
+    """A step that carries someone's prompt is their time to first token: it verifies no guesses (they would make
+    it longer); guessing resumes once every running request decodes and nothing waits."""
+    llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32", num_kv_blocks=256, max_num_batched_tokens=16)
+    engine, steps = llm.engine, []
+    schedule = engine.scheduler.schedule
+
+    def watched():
+        plan = schedule()
+        prompts = [c for c in plan.chunks if c.request.num_computed_tokens < len(c.request.prompt_token_ids)]
+        steps.append((sum(c.num_drafts for c in plan.chunks), len(prompts), len(engine.scheduler.waiting)))
+        return plan
+    engine.scheduler.schedule = watched
+    prompts = [REPEATING[0], REPEATING[1] * 3, REPEATING[2]]  # the long one takes several 16-token chunks
+    _run(llm, prompts, [GREEDY] * len(prompts))
+    assert any(drafts for drafts, _, _ in steps)
+    assert all(prompts == 0 for drafts, prompts, _ in steps if drafts)

@@ -270,7 +270,7 @@ class Engine:
     # -- one step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            self.speculator.propose(self.scheduler.running, bool(self.scheduler.waiting))
         plan: SchedulerOutput = self.scheduler.schedule()
         finished = self._finished_unreported + plan.finished
         self._finished_unreported = []

@@ -34,12 +34,13 @@ class Speculator:
         self.decode_times = StepTimes(config.max_num_seqs * (1 + config.num_speculative_tokens))
         self.proposed = self.accepted = 0  # guessed tokens verified, and kept
 
-    def propose(self, running: list[Request]) -> None:
+    def propose(self, running: list[Request], waiting: bool = False) -> None:
         """Guesses for the decoding requests: the proposer offers up to num_speculative_tokens each, choose_drafts
         keeps what this machine verifies faster than it decodes; none in a step with more decoding requests than
-        speculative_max_seqs."""
+        speculative_max_seqs, and none while a prompt waits or is being computed (`waiting`: requests queued):
+        a step carrying someone's prompt is their time to first token, and guesses would make it longer."""
         decoding = [r for r in running if r.num_computed_tokens + 1 == r.num_tokens]
-        if len(decoding) > self.max_seqs:
+        if len(decoding) > self.max_seqs or waiting or len(decoding) < len(running):
             return
         ks = []
         for r in decoding:
