@@ -97,8 +97,10 @@ def _replay(body: bytes, receive):
 
 async def _refuse(status: int, message: str, scope, receive, send, type_: str = "invalid_request_error",
                   code: str | None = None) -> None:
-    # The connection is closed after a refusal mid-body: what the client still sends is not read.
-    headers = {"connection": "close"} if status in (408, 413) else None
+    # 408: the connection is closed (the client is too slow to wait for). 413 keeps it open: the server reads and
+    # drops what the client is still sending (the protocol discards a body past its answer, within the
+    # keep-alive and header timeouts), so the client gets the 413 instead of a reset mid-upload.
+    headers = {"connection": "close"} if status == 408 else None
     resp = JSONResponse(error_body(message, type_, code=code), status_code=status, headers=headers)
     await resp(scope, receive, send)
 
