@@ -53,12 +53,12 @@ def run(engine, prompts: list[list[int]], max_tokens: list[int], sessions: list[
 
 
 def compare(engine, speculator, name: str, batches: list[tuple[list[list[int]], list[int], list[str | None]]],
-            concurrent: bool = False) -> dict:
+            concurrent: bool = False, repeat: int = 1) -> dict:
     off, on = [], []
     if concurrent:  # wall time counts the prompts too: both runs over a warm prefix cache
         for prompts, _, sessions in batches:
             run(engine, prompts, [1] * len(prompts), sessions, False, speculator)
-    for i, (prompts, max_tokens, sessions) in enumerate(batches):
+    for i, (prompts, max_tokens, sessions) in enumerate(batches * repeat):
         order = (False, True) if i % 2 == 0 else (True, False)  # alternate which goes first
         got = {s: run(engine, prompts, max_tokens, sessions, s, speculator) for s in order}
         if got[False]["tokens"] != got[True]["tokens"]:
@@ -91,6 +91,8 @@ def main() -> int:
     p.add_argument("--free", type=int, default=4)
     p.add_argument("--concurrent", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=1, help="run every batch this many times, alternating which of "
+                   "on and off goes first (a single pair varies by +-15%% on a shared 2-core VM)")
     p.add_argument("--out", default="benchmarks/results/speculative.json")
     a = p.parse_args()
     llm = LLM(a.model, speculative_method=a.method, num_speculative_tokens=a.num_speculative_tokens)
@@ -115,17 +117,18 @@ def main() -> int:
     print("| workload | off tok/s | on tok/s | speed-up | acceptance |\n|---|---|---|---|---|")
     rows = {
         "edit": compare(engine, speculator, "edit (rewrite a function)",
-                        [([x], [a.max_tokens], [None]) for x in edits[: a.edits]]),
-        "agent": compare(engine, speculator, "agent turns", [([x], [a.max_tokens // 2], ["agent"]) for x in turns]),
+                        [([x], [a.max_tokens], [None]) for x in edits[: a.edits]], repeat=a.repeat),
+        "agent": compare(engine, speculator, "agent turns", [([x], [a.max_tokens // 2], ["agent"]) for x in turns],
+                         repeat=a.repeat),
         "free": compare(engine, speculator, "free generation (chat)",
                         [([chat([{"role": "user", "content": q}])], [a.max_tokens // 2], [None])
-                         for q in POEMS[: a.free]]),
+                         for q in POEMS[: a.free]], repeat=a.repeat),
         "concurrent": compare(engine, speculator, f"{a.concurrent} concurrent edits (aggregate)",
                               [(edits[a.edits:], [a.max_tokens // 2] * a.concurrent, [None] * a.concurrent)],
-                              concurrent=True),
+                              concurrent=True, repeat=2 * a.repeat),
     }
     write_json(a.out, {"command": " ".join(["python", *sys.argv]), "machine": machine(), "method": a.method,
-                       "num_speculative_tokens": a.num_speculative_tokens,
+                       "num_speculative_tokens": a.num_speculative_tokens, "repeat": a.repeat,
                        "rows": rows})
     return 0
 
