@@ -34,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_cpu  # noqa: E402
+from router_fleet import wait_ready  # noqa: E402
 
 from warmpath.bench.report import SLO, summarize, table  # noqa: E402
 from warmpath.bench.runner import RunResult, replay  # noqa: E402
@@ -59,20 +60,6 @@ def start_router(port: int, nodes: list[str], policy: str, log: Path) -> subproc
     cmd = [str(BIN / "warmpath"), "route", "--port", str(port), "--policy", policy, "--health-interval", "0.5",
            "--admin-key", ADMIN, "--cache-entries", "0", *(a for n in nodes for a in ("--node", n))]
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_ready(url: str, proc: subprocess.Popen, limit_s: float = 600) -> None:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{url} not ready after {limit_s} s")
 
 
 def kill(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -144,7 +131,7 @@ def main() -> None:
     runs: dict[str, RunResult] = {}
     try:
         for url, proc in zip(urls, nodes, strict=True):
-            wait_ready(url, proc)
+            wait_ready(url, proc, limit_s=600)  # vLLM-CPU compiles for 80-110 s at start
         for phase in args.phases.split(","):
             policy = "round-robin" if phase == "round-robin" else "hybrid"
             name = "hybrid+kill" if phase == "kill" else phase
