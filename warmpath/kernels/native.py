@@ -55,7 +55,7 @@ class Model(ctypes.Structure):
                                               "kv_type")]
     _fields_ += [("eps", ctypes.c_float), ("scale", ctypes.c_float), ("embed", ctypes.c_void_p),
                  ("embed_blocks", Matrix), ("norm", ctypes.c_void_p), ("rope", ctypes.c_void_p),
-                 ("layers", ctypes.POINTER(Layer)), ("head", Matrix)]
+                 ("layers", ctypes.POINTER(Layer)), ("head", Matrix), ("attention", ctypes.c_int32)]
 
 
 def _cpu_flags() -> str:
@@ -106,6 +106,8 @@ def load_library() -> ctypes.CDLL:
                                ctypes.c_int]
     lib.wp_matmul.restype = ctypes.c_int
     lib.wp_matmul.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.wp_set_amx.restype = ctypes.c_int
+    lib.wp_set_amx.argtypes = [ctypes.c_int]
     lib.wp_store_kv.restype = None
     lib.wp_store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     lib.wp_matrix_rows.restype = None
@@ -305,6 +307,9 @@ class NativeForward:
             raise NativeKernelError(f"KV cache of shape {tuple(kv_cache.shape)}, expected a contiguous {shape}")
         self.kv_cache = kv_cache
         self.model.num_kv_blocks, self.model.kv_type = kv_cache.shape[2], KV_TYPES[kv_cache.dtype]
+        # Products that already round (int8 activations) over a bf16 cache: a chunk's attention in bf16 too, on AMX
+        # tiles where the CPU has them (cpu/attention_amx.h); fp32 otherwise.
+        self.model.attention = int(self.activations == "int8" and kv_cache.dtype == torch.bfloat16)
 
     def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """Sequence i computes its new tokens token_ids[i] at positions starts[i], starts[i] + 1, ... (starts[i]

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attention_span.h"
+#include "attention_amx.h"
 
 /* A step's attention layout, the same for every layer: tasks are (sequence, span of SPLIT tokens) for a
    decode row, all KV heads at once, and (sequence, KV head, span) for a chunk; each writes its partial
@@ -17,11 +18,19 @@ typedef struct {
     int *row_seq;   /* [R] the sequence of each row */
     float *parts, *work;
     int64_t scratch; /* floats of work per thread */
+    int amx;         /* chunks on AMX tiles (attention_amx.h): their tasks below, none in first / poff */
+    int *amx_first;  /* [S + 1] first AMX task of each sequence (KV heads x tiles of 16 queries) */
+    int64_t *vt_off; /* [S + 1] where each sequence's V^T (KV heads x head_dim x vt_ld) starts in vt */
+    uint16_t *vt;
 } attn_plan;
 
 static void free_plan(attn_plan *P) {
     free(P->first), free(P->group_end), free(P->poff), free(P->row_seq), free(P->parts), free(P->work);
+    free(P->amx_first), free(P->vt_off), free(P->vt);
 }
+
+/* Keys a chunk's V^T row holds: its context rounded up to whole blocks of AMX_KEYS. */
+static inline int64_t vt_ld(int64_t ctx) { return (ctx + 31) / 32 * 32; }
 
 /* Decode rows sq_a and sq_b read the same blocks up to position last (inclusive). */
 static int same_blocks(const int32_t *tables, int width, int sq_a, int sq_b, int64_t last, int bs) {
@@ -49,9 +58,31 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
             P->group_end[lead] = sq + 1, P->group_end[sq] = -1;
         else P->group_end[sq] = sq + 1, lead = decode ? sq : -1;
     }
+#ifdef WP_AMX_ATTN
+    P->amx = M->attention == WP_ATTN_BF16 && M->kv_type == WP_KV_BF16 && M->block_size % 16 == 0 && hd % 64 == 0 &&
+             hd <= 128 && amx_usable();
+#endif
+    if (P->amx) {
+        P->amx_first = (int *)malloc((size_t)(S + 1) * sizeof(int));
+        P->vt_off = (int64_t *)malloc((size_t)(S + 1) * sizeof(int64_t));
+        if (!P->amx_first || !P->vt_off) return free_plan(P), -1;
+        P->amx_first[0] = 0, P->vt_off[0] = 0;
+        for (int sq = 0; sq < S; sq++) {
+            const int nrows = seq_rows[sq + 1] - seq_rows[sq], chunk = nrows > 1;
+            P->amx_first[sq + 1] = P->amx_first[sq] + (chunk ? KVH * ((nrows * G + 15) / 16) : 0);
+            P->vt_off[sq + 1] = P->vt_off[sq] + (chunk ? (int64_t)KVH * hd * vt_ld(start[sq] + nrows) : 0);
+        }
+        P->vt = (uint16_t *)malloc((size_t)P->vt_off[S] * 2 + 1);
+        if (!P->vt) return free_plan(P), -1;
+    }
     P->first[0] = 0, P->poff[0] = 0;
     for (int sq = 0; sq < S; sq++) {
         const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+        if (P->amx && nrows > 1) { /* an AMX chunk: no span tasks, no partial results */
+            for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) P->row_seq[r] = sq;
+            P->first[sq + 1] = P->first[sq], P->poff[sq + 1] = P->poff[sq];
+            continue;
+        }
         const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
         for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) P->row_seq[r] = sq;
         int tasks = KVH * nspan;
@@ -67,6 +98,55 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
     if (!P->parts || !P->work) return free_plan(P), -1;
     return 0;
 }
+
+#ifdef WP_AMX_ATTN
+/* Inside attention()'s parallel region: every chunk's V^T staged (pieces of 256 keys), then its tasks (a KV head's
+   16 queries: row i's head j is query i * G + j) attended on AMX tiles, straight into out. */
+static void amx_chunks(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *start, const int32_t *tables,
+                       int width, const float *qkv, const uint8_t *kc, const uint8_t *vc, float *out,
+                       const attn_plan *P) {
+    const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, G = H / KVH, qkv_w = (H + 2 * KVH) * hd;
+    const int64_t tok = (int64_t)KVH * hd;
+    int pieces = 0; /* (sequence, KV head, 256 keys) */
+    for (int sq = 0; sq < S; sq++)
+        if (seq_rows[sq + 1] - seq_rows[sq] > 1)
+            pieces += KVH * (int)((vt_ld(start[sq] + seq_rows[sq + 1] - seq_rows[sq]) + 255) / 256);
+#pragma omp for schedule(dynamic, 1)
+    for (int piece = 0; piece < pieces; piece++) {
+        int sq = 0, rest = piece, n = 0;
+        for (;; sq++) {
+            const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+            n = nrows > 1 ? KVH * (int)((vt_ld(start[sq] + nrows) + 255) / 256) : 0;
+            if (rest < n) break;
+            rest -= n;
+        }
+        const int64_t ctx = start[sq] + seq_rows[sq + 1] - seq_rows[sq], ld = vt_ld(ctx);
+        const int g = rest % KVH;
+        const int64_t t0 = (int64_t)(rest / KVH) * 256, t1 = t0 + 256 < ld ? t0 + 256 : ld;
+        amx_stage_vt((const uint16_t *)vc + g * hd, tables + (int64_t)sq * width, M->block_size, tok, hd, t0, t1, ctx,
+                     P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, ld);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < P->amx_first[S]; task++) {
+        int sq = 0;
+        while (P->amx_first[sq + 1] <= task) sq++;
+        const int nrows = seq_rows[sq + 1] - seq_rows[sq], idx = task - P->amx_first[sq], tiles = (nrows * G + 15) / 16;
+        const int g = idx / tiles, a0 = (idx % tiles) * 16, nq = nrows * G - a0 < 16 ? nrows * G - a0 : 16;
+        const float *q[16];
+        float *o[16];
+        int64_t pos[16];
+        for (int i = 0; i < nq; i++) {
+            const int r = seq_rows[sq] + (a0 + i) / G, h = g * G + (a0 + i) % G;
+            q[i] = qkv + (int64_t)r * qkv_w + (int64_t)h * hd;
+            o[i] = out + (int64_t)r * H * hd + (int64_t)h * hd;
+            pos[i] = start[sq] + (a0 + i) / G;
+        }
+        const int64_t ld = vt_ld(start[sq] + nrows);
+        amx_attend(q, pos, nq, (const uint16_t *)kc + g * hd, tables + (int64_t)sq * width, M->block_size, tok, hd,
+                   M->scale, P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, ld, o);
+    }
+}
+#endif
 
 /* Writes the new rows' K/V into their slots, then attends every query head of every row over its
    sequence's context (the tasks of plan P), then merges each row's spans with the usual max/sum rescaling.
@@ -96,6 +176,9 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
         thread = omp_get_thread_num();
 #endif
         float *w = P->work + (int64_t)thread * P->scratch;
+#ifdef WP_AMX_ATTN
+        if (P->amx) amx_chunks(M, S, seq_rows, start, tables, width, qkv, kc, vc, out, P);
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < tasks; task++) {
             int sq = 0;
@@ -136,6 +219,7 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
 #pragma omp for schedule(static)
         for (int r = 0; r < seq_rows[S]; r++) {
             const int sq = P->row_seq[r], nrows = seq_rows[sq + 1] - seq_rows[sq], i = r - seq_rows[sq];
+            if (P->amx && nrows > 1) continue; /* written by its AMX task */
             const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
             const int64_t stride = (int64_t)nrows * G * (hd + 2); /* from one span's task to the next */
             for (int h = 0; h < H; h++) {

@@ -53,7 +53,12 @@ typedef struct {
     const float *rope;
     const wp_layer *layers;
     wp_matrix head;
+    int32_t attention; /* WP_ATTN_*: how a chunk's rows attend */
 } wp_model;
+
+/* Attention of a chunk's rows: fp32 products over the cache (exact up to summation order), or, for a model with
+   int8 activations over a bf16 cache, bf16 products on AMX tiles where the CPU has them (attention_amx.h). */
+enum { WP_ATTN_F32 = 0, WP_ATTN_BF16 = 1 };
 
 /* Kernels the compiler must inline: their shape parameters become constants. */
 #define AI static inline __attribute__((always_inline))

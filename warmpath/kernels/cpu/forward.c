@@ -20,8 +20,8 @@
 
    This file is the one translation unit (the forward glue and the exported wp_forward / wp_matmul); the parts
    are headers of static functions it includes once, so the compiler sees them whole and inlines across them:
-   common.h (structs, helpers), matmul.h (products; tiles.h, panels.h, portable.h), attention.h (its tasks in
-   attention_span.h; kv.h, the cache's element types). */
+   common.h (structs, helpers), matmul.h (products; tiles.h, panels.h, portable.h, amx.h), attention.h (its tasks
+   in attention_span.h, a chunk's on AMX in attention_amx.h; kv.h, the cache's element types). */
 
 #include "common.h"
 #include "matmul.h"
@@ -133,6 +133,17 @@ int wp_forward(const wp_model *M, int S, const int32_t *seq_rows, const int64_t 
 /* y[D][rows] = x[D][cols] @ W.T alone (tests and benchmarks of the matrix kernels). */
 int wp_matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
     return matmul(W, x, D, y, nthreads);
+}
+
+/* AMX tiles on (1) or off (0) for the products of many rows (tests compare both); returns whether they run. */
+int wp_set_amx(int on) {
+#ifdef WP_AMX
+    amx_enabled = on;
+    return amx_usable();
+#else
+    (void)on;
+    return 0;
+#endif
 }
 
 /* n floats -> KV elements of type kvt, as the forward pass writes them (tests of the rounding). */

@@ -86,6 +86,7 @@ static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
 #ifdef WP_SIMD
 #include "tiles.h"
 #include "panels.h"
+#include "amx.h"
 #else
 #include "portable.h"
 #endif
@@ -118,15 +119,22 @@ static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, c
 static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
     const int64_t N = W->rows, K = W->cols, nb = K / 32, NG = (N + 7) / 8;
     const int int8 = W->act == WP_ACT_INT8 && W->type != WP_F32;
-    float *xs = (float *)malloc((size_t)(D * nb + 1) * sizeof(float));
-    float *dx = int8 ? (float *)malloc((size_t)(D * nb + 1) * sizeof(float)) : NULL;
-    int8_t *xq = int8 ? (int8_t *)malloc((size_t)D * K + 1) : NULL;
+#ifdef WP_AMX
+    const int amx = int8 && D >= AMX_MIN_ROWS && amx_usable();
+#else
+    const int amx = 0;
+#endif
+    const int D16 = amx ? (D + 15) / 16 * 16 : D; /* AMX reads whole tiles of 16 rows: the rest are zeros */
+    float *xs = (float *)calloc((size_t)(D16 * nb + 1), sizeof(float));
+    float *dx = int8 ? (float *)calloc((size_t)(D16 * nb + 1), sizeof(float)) : NULL;
+    int8_t *xq = int8 ? (int8_t *)malloc((size_t)D16 * K + 1) : NULL;
     if (!xs || (int8 && (!dx || !xq))) {
         free(xs), free(dx), free(xq);
         return -1;
     }
     if (W->type == WP_Q4_1) block_sums(x, D, K, xs);
     if (int8) quantize_rows(x, D, K, xq, dx, nthreads);
+    if (int8 && D16 > D) memset(xq + (int64_t)D * K, 0, (size_t)(D16 - D) * K);
 #pragma omp parallel num_threads(nthreads)
     {
         int t = 0, nt = 1;
@@ -137,7 +145,22 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
         /* Contiguous group ranges, a multiple of 4 groups each where possible (whole wide tiles). */
         const int64_t per = ((NG + nt - 1) / nt + 3) / 4 * 4;
         const int64_t g0 = t * per < NG ? t * per : NG, g1 = g0 + per < NG ? g0 + per : NG;
-        if (int8) {
+#ifdef WP_AMX
+        uint8_t *panel = amx ? (uint8_t *)aligned_alloc(64, (size_t)nb * (512 + 128)) : NULL;
+        if (panel) {
+            const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
+            float *d = (float *)(panel + nb * 512), *m = d + nb * 16;
+            if (g0 < f1) amx_groups(W, xq, dx, xs, D, y + 8 * g0, g0, f1, panel, d, m);
+            free(panel);
+            if (g1 > f1) /* the partial group */
+                for (int r0 = 0; r0 < D; r0 += TILE_R) {
+                    const int R = D - r0 < TILE_R ? D - r0 : TILE_R;
+                    matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, R,
+                                  y + (int64_t)r0 * N, g0, g1, 0, 1);
+                }
+        } else
+#endif
+            if (int8) {
             /* A few rows (decodes) stream all the thread's groups once, fetching ahead; many rows go by blocks. */
             const int64_t chunk = D <= TILE_R ? (g1 - g0 > 0 ? g1 - g0 : 1) : I8_GROUPS;
             for (int rb0 = 0; rb0 < D; rb0 += I8_ROW_BLOCK) {

@@ -1,0 +1,86 @@
+"""The native kernel on AMX tiles (Sapphire Rapids and later; skipped on CPUs without them): int8-activation
+products of many rows bit for bit those of the register tiles, and a chunk's bf16 attention (int8 activations over
+a bf16 cache) the same for a prompt whatever its chunking, close to the fp32 attention, on the bundled model."""
+
+import ctypes
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from warmpath.kernels import native
+from warmpath.kernels.native import NativeForward
+from warmpath.models.kv_cache import allocate_kv_cache
+from warmpath.models.loader import load_checkpoint
+from warmpath.models.registry import resolve_model
+from warmpath.workloads import stdlib_files
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from test_native_kernel import int8_activation_reference, random_blocks  # noqa: E402
+
+
+@pytest.fixture
+def amx():
+    lib = native.load_library()
+    if not lib.wp_set_amx(1):
+        pytest.skip("no AMX tiles on this CPU (or the OS refuses them)")
+    yield lib
+    lib.wp_set_amx(1)
+
+
+def product(lib, q, x: torch.Tensor, amx_on: int) -> torch.Tensor:
+    packed = native.pack(q, True)
+    m = native._matrix(q, packed, None, True)
+    y = torch.empty(x.shape[0], q.rows)
+    lib.wp_set_amx(amx_on)
+    assert lib.wp_matmul(ctypes.byref(m), x.data_ptr(), x.shape[0], y.data_ptr(), 2) == 0
+    return y
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows,cols,d", [(104, 96, 16), (104, 96, 37), (960, 576, 100), (576, 1536, 33)])
+def test_amx_products_equal_the_register_tiles(amx, fmt, rows, cols, d):
+    """104 rows: an odd number of groups (a half-empty last panel); 96 columns: an odd number of blocks; 37, 33 and
+    100 rows of x: a partial tile of rows."""
+    q = random_blocks(fmt, rows, cols, seed=rows + d)
+    x = torch.randn(d, cols, generator=torch.Generator().manual_seed(d))
+    x[1, :32] = 0.0
+    on, off = product(amx, q, x, 1), product(amx, q, x, 0)
+    assert torch.equal(on, off)
+    torch.testing.assert_close(on.double(), int8_activation_reference(q, x), rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    ckpt = load_checkpoint(resolve_model("smollm2"), torch.float32)
+    kv = allocate_kv_cache(ckpt.config, 64, 16, torch.bfloat16, "cpu")
+    kernel = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16, activations="int8")
+    text = "".join(p.read_text() for p in list(stdlib_files())[:3])
+    return kernel, ckpt.tokenizer.encode(text)[:700]
+
+
+def prefill(kernel: NativeForward, ids: list[int], cuts: tuple[int, ...], attention: int):
+    kernel.model.attention = attention
+    kernel.kv_cache.zero_()
+    start, logits = 0, None
+    for n in cuts:
+        logits = kernel.forward([ids[start:start + n]], [start], [list(range(44))])
+        start += n
+    return logits, kernel.kv_cache.clone()
+
+
+def test_amx_chunk_attention_is_the_same_whatever_the_chunking(amx, bundled):
+    """One chunk, or several over what is cached (a tile of 16 queries then holds rows of two chunks' worth of
+    positions, and cuts fall inside blocks of 32 keys): the same K/V and logits, bit for bit; close to the fp32
+    attention (bf16 queries and weights), with the same next token."""
+    kernel, ids = bundled
+    assert kernel.model.attention == 1  # int8 activations over a bf16 cache
+    whole, cache = prefill(kernel, ids, (700,), 1)
+    for cuts in ((100, 600), (37, 300, 363), (333, 65, 302)):
+        logits, kv = prefill(kernel, ids, cuts, 1)
+        assert torch.equal(logits, whole) and torch.equal(kv, cache)
+    exact, _ = prefill(kernel, ids, (700,), 0)
+    assert not torch.equal(whole, exact)  # the AMX path ran
+    assert whole.argmax(-1).tolist() == exact.argmax(-1).tolist()
+    assert (whole - exact).abs().max() < 0.1 * exact.abs().max()

@@ -1,0 +1,159 @@
+/* Part of attention.h: a chunk's attention on AMX bf16 tiles (Sapphire Rapids and later), for a model whose
+   products already round (int8 activations) over a bf16 KV cache (wp_model.attention = WP_ATTN_BF16).
+
+   A task is 16 queries (a chunk's rows x the query heads of one KV head) over all the keys they see, in blocks
+   of 32 keys at positions 32c..32c+31, c = 0, 1, ... in order (flash attention, one pass): scores S^T = K Q^T
+   (K's rows straight from the cache, Q rounded to bf16), the running max and sum of each query, the weights
+   rounded to bf16, and O^T = V^T P^T into fp32 outputs rescaled block by block. Every query's numbers come from
+   its own lane alone, block by block from position 0, and blocks past its position change nothing (weight 0,
+   rescale 1, exactly), so a row's output is the same whatever chunk, tile or step it is computed in: prefix
+   caching and chunking change no token. */
+#pragma once
+
+#if defined(WP_AMX) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define WP_AMX_ATTN 1
+#define AMX_KEYS 32 /* keys per block */
+#define AMX_Q 16    /* queries per task: one tile's columns */
+
+/* exp(x) for 16 floats, x >= -87.3 (clamped): 2^k times a degree-5 polynomial of 2^f, f in [-1/2, 1/2] (relative
+   error ~2e-6; the weights are rounded to bf16 after it). */
+static inline __m512 exp512(__m512 x) {
+    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(1.44269504088896341f));
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, k);
+    __m512 y = _mm512_set1_ps(1.3333558146e-3f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291076e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504108665e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022650696e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718056e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, k);
+}
+
+/* Every tile 16 rows x 64 bytes. Scores: 0, 4 K (16 keys x 32 dims), 1, 5 Q^T (16 dim pairs x 16 queries), 2, 3
+   S^T (16 keys x 16 queries: a block's two halves). Outputs: 0, 4 V^T (16 dims x 32 keys), 5 P^T (16 key pairs x
+   16 queries), 2, 3, 6, 7 O^T (16 dims x 16 queries). Two of each kind where the unit may overlap them. */
+static void amx_attn_configure(void) {
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    _tile_loadconfig(&c);
+}
+
+/* V^T of keys t0..t1 of one KV head (vc: its first element) into VT[d * ld + t] (bf16); keys at ctx and past it
+   are zeros (their weights are zero, and 0 x garbage could be NaN). */
+static void amx_stage_vt(const uint16_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0, int64_t t1,
+                         int64_t ctx, uint16_t *VT, int64_t ld) {
+    for (int64_t t = t0; t < t1; t++) {
+        if (t >= ctx) {
+            for (int d = 0; d < hd; d++) VT[d * ld + t] = 0;
+            continue;
+        }
+        const uint16_t *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
+        for (int d = 0; d < hd; d++) VT[d * ld + t] = v[d];
+    }
+}
+
+/* One task: nq <= 16 queries q[i] (hd floats, after RoPE) at positions pos[i] of KV head g (kc: its first K
+   element) over keys 0..max(pos], V^T staged in VT (ld keys a row); out[i] gets query i's output (hd floats). */
+static void amx_attend(const float *const *q, const int64_t *pos, int nq, const uint16_t *kc, const int32_t *table,
+                       int bs, int64_t tok, int hd, float scale, const uint16_t *VT, int64_t ld, float *const *out) {
+    uint32_t qt[4][16][16] __attribute__((aligned(64))); /* Q^T per 32 dims: [dim pair][query], bf16 pairs */
+    float st[AMX_KEYS][AMX_Q] __attribute__((aligned(64)));
+    uint16_t pt[16][32] __attribute__((aligned(64)));
+    float pv[64][AMX_Q] __attribute__((aligned(64)));
+    float o[128][AMX_Q] __attribute__((aligned(64)));
+    const int nh = hd / 32;
+    int64_t last = 0, first = INT64_MAX;
+    int32_t lane_pos[AMX_Q];
+    for (int i = 0; i < AMX_Q; i++) {
+        lane_pos[i] = i < nq ? (int32_t)pos[i] : -1;
+        if (i < nq) last = pos[i] > last ? pos[i] : last, first = pos[i] < first ? pos[i] : first;
+    }
+    memset(qt, 0, sizeof qt);
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < nh; h++) {
+            const __m512 a = _mm512_loadu_ps(q[i] + 32 * h), b = _mm512_loadu_ps(q[i] + 32 * h + 16);
+            uint32_t pairs[16];
+            _mm512_storeu_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* dims 32h.. in order, as pairs */
+            for (int kk = 0; kk < 16; kk++) qt[h][kk][i] = pairs[kk];
+        }
+    for (int d = 0; d < hd; d++) _mm512_store_ps(o[d], _mm512_setzero_ps());
+    const __m512i posv = _mm512_loadu_si512(lane_pos);
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
+    amx_attn_configure();
+    for (int64_t t0 = 0; t0 <= last; t0 += AMX_KEYS) {
+        /* S^T of keys t0.. and t0 + 16.. (each half one cache block's 16: bs a multiple of 16), interleaved */
+        const uint16_t *k0 = kc + ((int64_t)table[t0 / bs] * bs + t0 % bs) * tok;
+        const uint16_t *k1 = t0 + 16 <= last ? kc + ((int64_t)table[(t0 + 16) / bs] * bs + (t0 + 16) % bs) * tok : NULL;
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int h = 0; h < nh; h += 2) {
+            _tile_loadd(1, qt[h], 64);
+            _tile_loadd(0, k0 + 32 * h, tok * 2);
+            _tile_dpbf16ps(2, 0, 1);
+            if (k1) {
+                _tile_loadd(4, k1 + 32 * h, tok * 2);
+                _tile_dpbf16ps(3, 4, 1);
+            }
+            _tile_loadd(5, qt[h + 1], 64);
+            _tile_loadd(0, k0 + 32 * (h + 1), tok * 2);
+            _tile_dpbf16ps(2, 0, 5);
+            if (k1) {
+                _tile_loadd(4, k1 + 32 * (h + 1), tok * 2);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+        }
+        _tile_stored(2, st[0], 64);
+        _tile_stored(3, st[16], 64);
+        const int all = t0 + AMX_KEYS - 1 <= first; /* every query sees the whole block */
+        __mmask16 seen[AMX_KEYS];
+        __m512 bmax = _mm512_set1_ps(-INFINITY);
+        for (int u = 0; u < AMX_KEYS; u++) {
+            seen[u] = all ? 0xFFFF : _mm512_cmple_epi32_mask(_mm512_set1_epi32((int32_t)(t0 + u)), posv);
+            bmax = _mm512_mask_max_ps(bmax, seen[u], bmax, _mm512_load_ps(st[u]));
+        }
+        const __m512 mn = _mm512_max_ps(m, _mm512_mul_ps(bmax, sc));
+        const __m512 alpha = exp512(_mm512_sub_ps(m, mn)), neg = _mm512_sub_ps(_mm512_setzero_ps(), mn);
+        __m512 sum = _mm512_setzero_ps(), e[2];
+        for (int u = 0; u < AMX_KEYS; u++) {
+            e[u & 1] = _mm512_maskz_mov_ps(seen[u], exp512(_mm512_fmadd_ps(_mm512_load_ps(st[u]), sc, neg)));
+            sum = _mm512_add_ps(sum, e[u & 1]);
+            if (u & 1)
+                _mm512_store_si512(pt[u / 2],
+                                   _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0])));
+        }
+        l = _mm512_fmadd_ps(l, alpha, sum);
+        m = mn;
+        _tile_loadd(5, pt, 64);
+        for (int d0 = 0; d0 < hd; d0 += 64) { /* 64 dims: four independent products */
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_zero(6);
+            _tile_zero(7);
+            _tile_loadd(0, VT + d0 * ld + t0, ld * 2);
+            _tile_dpbf16ps(2, 0, 5);
+            _tile_loadd(4, VT + (d0 + 16) * ld + t0, ld * 2);
+            _tile_dpbf16ps(3, 4, 5);
+            _tile_loadd(0, VT + (d0 + 32) * ld + t0, ld * 2);
+            _tile_dpbf16ps(6, 0, 5);
+            _tile_loadd(4, VT + (d0 + 48) * ld + t0, ld * 2);
+            _tile_dpbf16ps(7, 4, 5);
+            _tile_stored(2, pv[0], 64);
+            _tile_stored(3, pv[16], 64);
+            _tile_stored(6, pv[32], 64);
+            _tile_stored(7, pv[48], 64);
+            for (int d = 0; d < 64; d++)
+                _mm512_store_ps(o[d0 + d], _mm512_fmadd_ps(_mm512_load_ps(o[d0 + d]), alpha, _mm512_load_ps(pv[d])));
+        }
+    }
+    _tile_release();
+    float inv[AMX_Q];
+    _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < hd; d++) out[i][d] = o[d][i] * inv[i];
+}
+#endif
