@@ -40,17 +40,20 @@ static void amx_attn_configure(void) {
     _tile_loadconfig(&c);
 }
 
-/* V^T of keys t0..t1 of one KV head (vc: its first element) into VT[d * ld + t] (bf16); keys at ctx and past it
-   are zeros (their weights are zero, and 0 x garbage could be NaN). */
+/* V^T of keys t0..t1 (whole blocks of 32) of one KV head (vc: its first element) into VT[d * ld + t] (bf16); keys
+   at ctx and past it are zeros (their weights are zero, and 0 x garbage could be NaN). A block's 32 rows are read
+   from L1 while each of its dims' rows is written out whole. */
 static void amx_stage_vt(const uint16_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0, int64_t t1,
                          int64_t ctx, uint16_t *VT, int64_t ld) {
-    for (int64_t t = t0; t < t1; t++) {
-        if (t >= ctx) {
-            for (int d = 0; d < hd; d++) VT[d * ld + t] = 0;
-            continue;
+    static const uint16_t zeros[128];
+    for (int64_t b = t0; b < t1; b += 32) {
+        const uint16_t *v[32];
+        for (int t = 0; t < 32; t++)
+            v[t] = b + t < ctx ? vc + ((int64_t)table[(b + t) / bs] * bs + (b + t) % bs) * tok : zeros;
+        for (int d = 0; d < hd; d++) {
+            uint16_t *row = VT + d * ld + b;
+            for (int t = 0; t < 32; t++) row[t] = v[t][d];
         }
-        const uint16_t *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
-        for (int d = 0; d < hd; d++) VT[d * ld + t] = v[d];
     }
 }
 
