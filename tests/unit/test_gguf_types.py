@@ -132,7 +132,7 @@ def test_a_fused_group_of_mixed_types_is_read_as_q8_0():
 def test_native_kernel_reads_blocks_for_every_type(tmp_path, rule):
     """The kernel computes K-quant files over Q4_1 / Q8_0 blocks (fp32 only for F16/BF16 matrices): the logits of
     the torch model over those blocks' values, to summation order, and its greedy tokens. (Their distance to the
-    file's exact values is per matrix, test_kernel_blocks_of_each_type; on real code, benchmarks/kquant_agreement.py:
+    file's exact values is per matrix, test_kernel_blocks_of_each_type; on real code, benchmarks/kquant_models.py:
     a tiny random model amplifies any change chaotically, so it says nothing about agreement.)"""
     types = every_type if rule == "every_type" else q4_k_m(4)
     path, _, _ = write_gguf(tmp_path / f"{rule}.gguf", "qwen2", types, QWEN_VOCAB,
