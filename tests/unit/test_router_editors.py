@@ -3,7 +3,7 @@
 prefix cache; Tabby's completions (on OpenAI's path) keep theirs by `user` or bearer token, and greedy ones are
 cached; the ollama and mistralai clients get the node's text through the router, whole and streamed; past the
 deadline each protocol's empty answer; a disconnect reaches the node; bad input and the router's own faults in
-each protocol's shape."""
+each protocol's shape; with model tiers, each protocol's line completions go to the small model."""
 
 import asyncio
 import contextlib
@@ -161,3 +161,40 @@ def test_bad_input_is_the_nodes_and_the_routers_faults_are_the_protocols(fleet):
         assert r.status_code == 503 and set(r.json()["error"]) == {"code", "message", "type"}
         r = httpx.post(f"{rurl}/api/generate", json={"model": "m", "prompt": "x"})
         assert r.status_code == 503 and isinstance(r.json()["error"], str)
+
+
+def test_tiers_send_an_editor_protocols_line_completions_to_the_small_model(fleet):
+    """With model tiers the router applies the line rule (router/tiering.py) to an editor protocol's limits and
+    suffix: a few tokens with the rest of the cursor's line empty or closing brackets go to the small tier; more
+    tokens than --line-max-tokens (llama.vim's default n_predict 128; Tabby's 64), no limit, or code after the
+    cursor on its line go to the large tier. (test_router.py covers OpenAI's /v1/completions and chat.)"""
+    small, *large = list(fleet)
+    name = httpx.get(f"{small}/v1/models").json()["data"][0]["id"]
+    line, rest = ")\n" + LINES[0], " + 1)\n" + LINES[0]  # the cursor's line ends at once / goes on with code
+
+    def generate(suffix: str, num_predict: int) -> dict:
+        return {"model": name, "prompt": CODE, "suffix": suffix, "stream": False,
+                "options": {"num_predict": num_predict, "temperature": 0}}
+
+    cases = [
+        ("/infill", {**vim_fim(FILE, "x = add(1", line, EXTRA), "n_predict": 8}, "small"),
+        ("/infill", {"input_prefix": CODE, "input_suffix": "\n" + LINES[0], "n_predict": 16}, "small"),
+        ("/infill", vim_fim(FILE, "x = add(1", line, EXTRA), "large"),  # n_predict 128
+        ("/infill", {"input_prefix": CODE, "input_suffix": line}, "large"),  # n_predict -1: up to the context
+        ("/infill", {"input_prefix": CODE, "prompt": "x = add(1", "input_suffix": rest, "n_predict": 8}, "large"),
+        ("/api/generate", generate(line, 8), "small"),
+        ("/api/generate", generate(line, 64), "large"),
+        ("/api/generate", generate(rest, 8), "large"),
+        ("/v1/fim/completions", {"model": name, "prompt": CODE, "suffix": line, "max_tokens": 8}, "small"),
+        ("/v1/fim/completions", {"model": name, "prompt": CODE, "suffix": rest, "max_tokens": 8}, "large"),
+        ("/v1/completions", {"segments": {"prefix": CODE, "suffix": line}}, "large"),  # Tabby's: 64 tokens
+    ]
+    cfg = RouterConfig(tier=[f"small={small}", f"large={','.join(large)}"], health_interval=0.2)
+    with running_app(create_router_app(cfg)) as (rurl, _):
+        for path, body, tier in cases:
+            r = httpx.post(f"{rurl}{path}", json=body, timeout=60)
+            assert r.status_code == 200, (path, r.text)
+            assert (r.headers["x-warmpath-node"] == small) == (tier == "small"), (path, body, tier)
+            assert r.headers["x-warmpath-node"] in ([small] if tier == "small" else large)
+        assert counter(rurl, "warmpath_router_tier_requests_total", 'kind="line",tier="small"') == 4
+        assert counter(rurl, "warmpath_router_tier_requests_total", 'kind="multi",tier="large"') == 7
