@@ -59,8 +59,10 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
         else P->group_end[sq] = sq + 1, lead = decode ? sq : -1;
     }
 #ifdef WP_AMX_ATTN
-    P->amx = M->attention == WP_ATTN_BF16 && M->kv_type == WP_KV_BF16 && M->block_size % 16 == 0 && hd % 64 == 0 &&
-             hd <= 128 && amx_usable();
+    int chunks = 0; /* a step of decodes alone pays nothing for the AMX phases (two barriers a layer) */
+    for (int sq = 0; sq < S; sq++) chunks += seq_rows[sq + 1] - seq_rows[sq] > 1;
+    P->amx = chunks && M->attention == WP_ATTN_BF16 && M->kv_type == WP_KV_BF16 && M->block_size % 16 == 0 &&
+             hd % 64 == 0 && hd <= 128 && amx_usable();
 #endif
     if (P->amx) {
         P->amx_first = (int *)malloc((size_t)(S + 1) * sizeof(int));
