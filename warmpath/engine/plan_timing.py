@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import platform
 import sys
 import time
@@ -31,6 +32,7 @@ from warmpath.engine.plan import (
     single,
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
+from warmpath.engine.threads import machine_idle_s
 from warmpath.kernels.native import NativeForward, NativeKernelError
 from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.kv_cache import allocate_kv_cache
@@ -41,7 +43,9 @@ log = logging.getLogger(__name__)
 BLOCK = 16
 CONTEXT_BLOCKS = 576  # blocks the timed sequences read (shared among them, more than the caches hold)
 TAIL_BLOCKS = 64  # a block of its own per sequence, where its new tokens are written
-QUICK_MS, SLOW_MS = 100.0, 1000.0  # steps faster than these are timed three times / twice, slower ones once
+ROUNDS = 3  # tries of every step shape on every backend, a round apart
+SLOW_MS = 1000.0  # a step slower than this is tried twice only
+BUSY_SHARE = 0.25  # others' share of the CPU above which a measured plan is called into doubt
 # The code whose speed a plan measures: a change to any of these files means measuring again.
 CODE = [Path(__file__).parents[1] / p for p in ("engine/runner.py", "engine/plan_timing.py", "models/llama.py",
                                                 "models/attention.py", "kernels/native.py")]
@@ -113,28 +117,57 @@ def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allo
 def measure(ckpt: Checkpoint, backends: list[str], progress=sys.stderr) -> Timings:
     """ms per step for each backend on each shape class that fits the model's context."""
     cfg = ckpt.config
-    t0 = time.perf_counter()
-    timings: Timings = {}
+    runners: dict[str, ModelRunner] = {}
     for backend in backends:
         try:
-            runner = _runner(ckpt, backend)
+            runners[backend] = _runner(ckpt, backend)
         except NativeKernelError as e:
             log.warning("plan: %s cannot run here: %s", backend, e)
-            continue
-        got: dict[str, dict[str, float]] = {"decode": {}, "chunk": {}}
-        steps = [("decode", decode_key(r, c), r, 1, c) for r, c in DECODE_SHAPES]
-        steps += [("chunk", chunk_key(k, c), 1, k, c) for k, c in CHUNK_SHAPES]
-        # A model with a short context times a class at the longest context it has (the class keeps its name).
-        steps = [(kind, key, rows, new, min(cached, _fit(cfg.max_position_embeddings - new - 1)))
-                 for kind, key, rows, new, cached in steps]
-        _time(runner, _seqs(1, 8, 0))  # warm-up: first calls allocate and build
+    steps = [("decode", decode_key(r, c), r, 1, c) for r, c in DECODE_SHAPES]
+    steps += [("chunk", chunk_key(k, c), 1, k, c) for k, c in CHUNK_SHAPES]
+    # A model with a short context times a class at the longest context it has (the class keeps its name).
+    steps = [(kind, key, rows, new, min(cached, _fit(cfg.max_position_embeddings - new - 1)))
+             for kind, key, rows, new, cached in steps]
+    return time_steps(runners, steps, progress)
+
+
+def time_steps(runners: dict[str, ModelRunner], steps: list[tuple[str, str, int, int, int]], progress=sys.stderr,
+               clock: Callable[[], float] = time.perf_counter,
+               cpu_clock: Callable[[], float] = time.process_time) -> Timings:
+    """Each shape on every backend in turn, ROUNDS times over, the fastest try kept: another process's burst of load
+    then lands on all candidates of a shape alike (not on one backend's whole column), and a shape's tries are a
+    round apart, so a burst shorter than a round costs it one try. A machine busy throughout is said in a warning:
+    its plan is worth measuring again on a quiet one (`warmpath plan --remeasure`)."""
+    t0, c0, idle0 = clock(), cpu_clock(), machine_idle_s()
+    got: Timings = {b: {"decode": {}, "chunk": {}} for b in runners}
+    for runner in runners.values():
+        _once(runner, _seqs(1, 8, 0), clock)  # warm-up: first calls allocate and build
+    for round_ in range(ROUNDS):
         for kind, key, rows, new, cached in steps:
-            got[kind][key] = _time(runner, _seqs(rows, new, cached))
-        timings[backend] = got
-        del runner
-        print(f"plan: {backend} timed on {len(steps)} step shapes ({time.perf_counter() - t0:.0f} s so far)",
-              file=progress, flush=True)
-    return timings
+            seqs = _seqs(rows, new, cached)
+            for backend, runner in runners.items():
+                best = got[backend][kind].get(key)
+                if best is not None and best > SLOW_MS and round_ >= 2:
+                    continue  # a slow step's third try would cost more than it tells
+                ms = _once(runner, seqs, clock)
+                got[backend][kind][key] = ms if best is None else min(best, ms)
+        print(f"plan: round {round_ + 1} of {ROUNDS}: {', '.join(runners)} timed on {len(steps)} step shapes "
+              f"({clock() - t0:.0f} s so far)", file=progress, flush=True)
+    others = busy_share(clock() - t0, cpu_clock() - c0, idle0, machine_idle_s())
+    if others > BUSY_SHARE:
+        log.warning("plan: other processes used %.0f%% of the CPU while the plan was measured, so it may be off; "
+                    "measure again on a quiet machine with `warmpath plan --remeasure`", 100 * others)
+    return got
+
+
+def busy_share(wall_s: float, own_cpu_s: float, idle0: float | None, idle1: float | None,
+               cores: int | None = None) -> float:
+    """The share of the machine's CPU time that other processes used over wall_s seconds: what neither this
+    process used nor the machine left idle (0 where the OS does not say)."""
+    cores = cores or os.cpu_count() or 1
+    if idle0 is None or idle1 is None or wall_s <= 0:
+        return 0.0
+    return max(0.0, 1 - (own_cpu_s + (idle1 - idle0)) / (wall_s * cores))
 
 
 def _runner(ckpt: Checkpoint, backend: str) -> ModelRunner:
@@ -166,17 +199,10 @@ def _seqs(rows: int, new: int, cached: int) -> list[SeqInput]:
     return seqs
 
 
-def _time(runner: ModelRunner, seqs: list[SeqInput], clock: Callable[[], float] = time.perf_counter) -> float:
-    """The fastest of a few runs: another process taking a core only ever adds time."""
-    def once() -> float:
-        t = clock()
-        runner.forward(seqs)
-        return (clock() - t) * 1000
-
-    best = once()
-    for _ in range(2 if best < QUICK_MS else 1 if best < SLOW_MS else 0):
-        best = min(best, once())
-    return best
+def _once(runner: ModelRunner, seqs: list[SeqInput], clock: Callable[[], float]) -> float:
+    t = clock()
+    runner.forward(seqs)
+    return (clock() - t) * 1000
 
 
-__all__ = ["BACKENDS", "candidates", "load_or_measure", "machine_key", "measure", "plan_path"]
+__all__ = ["BACKENDS", "candidates", "load_or_measure", "machine_key", "measure", "plan_path", "time_steps"]
