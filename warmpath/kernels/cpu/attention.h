@@ -29,6 +29,8 @@ static void free_plan(attn_plan *P) {
     free(P->amx_first), free(P->vt_off), free(P->vt);
 }
 
+#define AMX_FETCH_TILES 8 /* a chunk with at most this many tiles a KV head prefetches its blocks */
+
 /* Keys a chunk's V^T row holds: its context rounded up to whole blocks of AMX_KEYS. */
 static inline int64_t vt_ld(int64_t ctx) { return (ctx + 31) / 32 * 32; }
 
@@ -145,7 +147,7 @@ static void amx_chunks(const wp_model *M, int S, const int32_t *seq_rows, const 
         }
         const int64_t ld = vt_ld(start[sq] + nrows);
         amx_attend(q, pos, nq, (const uint16_t *)kc + g * hd, tables + (int64_t)sq * width, M->block_size, tok, hd,
-                   M->scale, P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, ld, o);
+                   M->scale, P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, ld, o, tiles <= AMX_FETCH_TILES);
     }
 }
 #endif

@@ -14,6 +14,7 @@
 #define WP_AMX_ATTN 1
 #define AMX_KEYS 32 /* keys per block */
 #define AMX_Q 16    /* queries per task: one tile's columns */
+#define AMX_AHEAD 2 /* blocks of keys fetched ahead */
 
 /* exp(x) for 16 floats, x >= -87.3 (clamped): 2^k times a degree-5 polynomial of 2^f, f in [-1/2, 1/2] (relative
    error ~2e-6; the weights are rounded to bf16 after it). */
@@ -41,26 +42,47 @@ static void amx_attn_configure(void) {
 }
 
 /* V^T of keys t0..t1 (whole blocks of 32) of one KV head (vc: its first element) into VT[d * ld + t] (bf16); keys
-   at ctx and past it are zeros (their weights are zero, and 0 x garbage could be NaN). A block's 32 rows are read
-   from L1 while each of its dims' rows is written out whole. */
+   at ctx and past it are zeros (their weights are zero, and 0 x garbage could be NaN). Each half block is 16 keys
+   of one cache block (bs a multiple of 16): a gather takes dims 2p, 2p + 1 of its 16 keys at once, two permutes
+   split them into the two dims' rows. */
 static void amx_stage_vt(const uint16_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0, int64_t t1,
                          int64_t ctx, uint16_t *VT, int64_t ld) {
-    static const uint16_t zeros[128];
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int32_t)(tok * 2)));
+    __m512i even, odd; /* 16-bit elements 0, 2, .. 30 of two sources, and 1, 3, .. 31 */
+    {
+        int16_t e[32], o[32];
+        for (int i = 0; i < 16; i++) e[i] = 2 * i, e[16 + i] = 32 + 2 * i, o[i] = 2 * i + 1, o[16 + i] = 33 + 2 * i;
+        even = _mm512_loadu_si512(e), odd = _mm512_loadu_si512(o);
+    }
     for (int64_t b = t0; b < t1; b += 32) {
-        const uint16_t *v[32];
-        for (int t = 0; t < 32; t++)
-            v[t] = b + t < ctx ? vc + ((int64_t)table[(b + t) / bs] * bs + (b + t) % bs) * tok : zeros;
-        for (int d = 0; d < hd; d++) {
-            uint16_t *row = VT + d * ld + b;
-            for (int t = 0; t < 32; t++) row[t] = v[t][d];
+        const uint16_t *half[2] = {NULL, NULL};
+        __mmask16 live[2] = {0, 0};
+        for (int h = 0; h < 2; h++) {
+            const int64_t t = b + 16 * h;
+            if (t >= ctx) continue;
+            half[h] = vc + ((int64_t)table[t / bs] * bs + t % bs) * tok;
+            live[h] = ctx - t >= 16 ? 0xFFFF : (__mmask16)((1u << (ctx - t)) - 1);
+        }
+        for (int d = 0; d < hd; d += 2) {
+            const __m512i lo = half[0]
+                                   ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[0], idx, half[0] + d, 1)
+                                   : _mm512_setzero_si512();
+            const __m512i hi = half[1]
+                                   ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[1], idx, half[1] + d, 1)
+                                   : _mm512_setzero_si512();
+            _mm512_storeu_si512(VT + d * ld + b, _mm512_permutex2var_epi16(lo, even, hi));
+            _mm512_storeu_si512(VT + (d + 1) * ld + b, _mm512_permutex2var_epi16(lo, odd, hi));
         }
     }
 }
 
 /* One task: nq <= 16 queries q[i] (hd floats, after RoPE) at positions pos[i] of KV head g (kc: its first K
-   element) over keys 0..max(pos], V^T staged in VT (ld keys a row); out[i] gets query i's output (hd floats). */
+   element) over keys 0..max(pos], V^T staged in VT (ld keys a row); out[i] gets query i's output (hd floats).
+   fetch: prefetch blocks ahead (no effect on the numbers). */
 static void amx_attend(const float *const *q, const int64_t *pos, int nq, const uint16_t *kc, const int32_t *table,
-                       int bs, int64_t tok, int hd, float scale, const uint16_t *VT, int64_t ld, float *const *out) {
+                       int bs, int64_t tok, int hd, float scale, const uint16_t *VT, int64_t ld, float *const *out,
+                       int fetch) {
     uint32_t qt[4][16][16] __attribute__((aligned(64))); /* Q^T per 32 dims: [dim pair][query], bf16 pairs */
     float st[AMX_KEYS][AMX_Q] __attribute__((aligned(64)));
     uint16_t pt[16][32] __attribute__((aligned(64)));
@@ -92,6 +114,20 @@ static void amx_attend(const float *const *q, const int64_t *pos, int nq, const 
         /* S^T of keys t0.. and t0 + 16.. (each half one cache block's 16: bs a multiple of 16), interleaved */
         const uint16_t *k0 = kc + ((int64_t)table[t0 / bs] * bs + t0 % bs) * tok;
         const uint16_t *k1 = t0 + 16 <= last ? kc + ((int64_t)table[(t0 + 16) / bs] * bs + (t0 + 16) % bs) * tok : NULL;
+        /* fetch: the block AMX_AHEAD on (its K rows and V^T rows), for a chunk of few tiles: each block is then read
+           once, from memory, and tile loads are not prefetched by the hardware (many tiles find it in L2). */
+        const int64_t tp = t0 + AMX_AHEAD * AMX_KEYS;
+        if (fetch && tp <= last) {
+            const uint16_t *kp = kc + ((int64_t)table[tp / bs] * bs + tp % bs) * tok;
+            for (int u = 0; u < 16; u++)
+                for (int o = 0; o < hd; o += 32) __builtin_prefetch(kp + u * tok + o);
+            if (tp + 16 <= last) {
+                const uint16_t *kq = kc + ((int64_t)table[(tp + 16) / bs] * bs + (tp + 16) % bs) * tok;
+                for (int u = 0; u < 16; u++)
+                    for (int o = 0; o < hd; o += 32) __builtin_prefetch(kq + u * tok + o);
+            }
+            for (int d = 0; d < hd; d++) __builtin_prefetch(VT + d * ld + tp);
+        }
         _tile_zero(2);
         _tile_zero(3);
         for (int h = 0; h < nh; h += 2) {
