@@ -32,7 +32,7 @@ static void free_plan(attn_plan *P) {
 #define AMX_FETCH_TILES 8 /* a chunk with at most this many tiles a KV head prefetches its blocks */
 
 /* Keys a chunk's V^T row holds: its context rounded up to whole blocks of AMX_KEYS. */
-static inline int64_t vt_ld(int64_t ctx) { return (ctx + 31) / 32 * 32; }
+static inline int64_t vt_ld(int64_t ctx) { return (ctx + AMX_KEYS - 1) / AMX_KEYS * AMX_KEYS; }
 
 /* Decode rows sq_a and sq_b read the same blocks up to position last (inclusive). */
 static int same_blocks(const int32_t *tables, int width, int sq_a, int sq_b, int64_t last, int bs) {

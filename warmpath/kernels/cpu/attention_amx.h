@@ -2,7 +2,7 @@
    products already round (int8 activations) over a bf16 KV cache (wp_model.attention = WP_ATTN_BF16).
 
    A task is 16 queries (a chunk's rows x the query heads of one KV head) over all the keys they see, in blocks
-   of 32 keys at positions 32c..32c+31, c = 0, 1, ... in order (flash attention, one pass): scores S^T = K Q^T
+   of 64 keys at positions 64c..64c+63, c = 0, 1, ... in order (flash attention, one pass): scores S^T = K Q^T
    (K's rows straight from the cache, Q rounded to bf16), the running max and sum of each query, the weights
    rounded to bf16, and O^T = V^T P^T into fp32 outputs rescaled block by block. Every query's numbers come from
    its own lane alone, block by block from position 0, and blocks past its position change nothing (weight 0,
@@ -12,9 +12,8 @@
 
 #if defined(WP_AMX) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define WP_AMX_ATTN 1
-#define AMX_KEYS 32 /* keys per block */
+#define AMX_KEYS 64 /* keys per block */
 #define AMX_Q 16    /* queries per task: one tile's columns */
-#define AMX_AHEAD 2 /* blocks of keys fetched ahead */
 
 /* exp(x) for 16 floats, x >= -87.3 (clamped): 2^k times a degree-5 polynomial of 2^f, f in [-1/2, 1/2] (relative
    error ~2e-6; the weights are rounded to bf16 after it). */
@@ -30,9 +29,9 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(y, k);
 }
 
-/* Every tile 16 rows x 64 bytes. Scores: 0, 4 K (16 keys x 32 dims), 1, 5 Q^T (16 dim pairs x 16 queries), 2, 3
-   S^T (16 keys x 16 queries: a block's two halves). Outputs: 0, 4 V^T (16 dims x 32 keys), 5 P^T (16 key pairs x
-   16 queries), 2, 3, 6, 7 O^T (16 dims x 16 queries). Two of each kind where the unit may overlap them. */
+/* Every tile 16 rows x 64 bytes. Scores: 0, 4 K (16 keys x 32 dims), 1, 5 Q^T (16 dim pairs x 16 queries), 2, 3,
+   6, 7 S^T (16 keys x 16 queries: a block's four quarters). Outputs: 0, 4 V^T (16 dims x 32 keys), 1, 5 P^T (16 key
+   pairs x 16 queries: the block's halves), 2, 3, 6, 7 O^T (16 dims x 16 queries). */
 static void amx_attn_configure(void) {
     amx_config c;
     memset(&c, 0, sizeof c);
@@ -41,7 +40,7 @@ static void amx_attn_configure(void) {
     _tile_loadconfig(&c);
 }
 
-/* V^T of keys t0..t1 (whole blocks of 32) of one KV head (vc: its first element) into VT[d * ld + t] (bf16); keys
+/* V^T of keys t0..t1 (whole blocks of 32 keys) of one KV head (vc: its first element) into VT[d * ld + t] (bf16); keys
    at ctx and past it are zeros (their weights are zero, and 0 x garbage could be NaN). Each half block is 16 keys
    of one cache block (bs a multiple of 16): a gather takes dims 2p, 2p + 1 of its 16 keys at once, two permutes
    split them into the two dims' rows. */
@@ -85,7 +84,7 @@ static void amx_attend(const float *const *q, const int64_t *pos, int nq, const 
                        int fetch) {
     uint32_t qt[4][16][16] __attribute__((aligned(64))); /* Q^T per 32 dims: [dim pair][query], bf16 pairs */
     float st[AMX_KEYS][AMX_Q] __attribute__((aligned(64)));
-    uint16_t pt[16][32] __attribute__((aligned(64)));
+    uint16_t pt[AMX_KEYS / 2][32] __attribute__((aligned(64))); /* P^T: [key pair][query], bf16 pairs */
     float pv[64][AMX_Q] __attribute__((aligned(64)));
     float o[128][AMX_Q] __attribute__((aligned(64)));
     const int nh = hd / 32;
@@ -111,43 +110,48 @@ static void amx_attend(const float *const *q, const int64_t *pos, int nq, const 
     __m512 m = _mm512_set1_ps(-INFINITY), l = _mm512_setzero_ps();
     amx_attn_configure();
     for (int64_t t0 = 0; t0 <= last; t0 += AMX_KEYS) {
-        /* S^T of keys t0.. and t0 + 16.. (each half one cache block's 16: bs a multiple of 16), interleaved */
-        const uint16_t *k0 = kc + ((int64_t)table[t0 / bs] * bs + t0 % bs) * tok;
-        const uint16_t *k1 = t0 + 16 <= last ? kc + ((int64_t)table[(t0 + 16) / bs] * bs + (t0 + 16) % bs) * tok : NULL;
-        /* fetch: the block AMX_AHEAD on (its K rows and V^T rows), for a chunk of few tiles: each block is then read
-           once, from memory, and tile loads are not prefetched by the hardware (many tiles find it in L2). */
-        const int64_t tp = t0 + AMX_AHEAD * AMX_KEYS;
+        /* S^T of keys t0.., in four groups of 16 (each one cache block's: bs a multiple of 16) */
+        const uint16_t *k[4];
+        for (int j = 0; j < 4; j++) {
+            const int64_t t = t0 + 16 * j;
+            k[j] = t <= last ? kc + ((int64_t)table[t / bs] * bs + t % bs) * tok : NULL;
+        }
+        /* fetch: the next block's K rows and V^T rows, for a chunk of few tiles: each block is then read once, from
+           memory, and tile loads are not prefetched by the hardware (many tiles find it in L2). */
+        const int64_t tp = t0 + AMX_KEYS;
         if (fetch && tp <= last) {
-            const uint16_t *kp = kc + ((int64_t)table[tp / bs] * bs + tp % bs) * tok;
-            for (int u = 0; u < 16; u++)
-                for (int o = 0; o < hd; o += 32) __builtin_prefetch(kp + u * tok + o);
-            if (tp + 16 <= last) {
-                const uint16_t *kq = kc + ((int64_t)table[(tp + 16) / bs] * bs + (tp + 16) % bs) * tok;
+            for (int j = 0; j < 4 && tp + 16 * j <= last; j++) {
+                const uint16_t *kp = kc + ((int64_t)table[(tp + 16 * j) / bs] * bs + (tp + 16 * j) % bs) * tok;
                 for (int u = 0; u < 16; u++)
-                    for (int o = 0; o < hd; o += 32) __builtin_prefetch(kq + u * tok + o);
+                    for (int off = 0; off < hd; off += 32) __builtin_prefetch(kp + u * tok + off);
             }
-            for (int d = 0; d < hd; d++) __builtin_prefetch(VT + d * ld + tp);
+            for (int d = 0; d < hd; d++)
+                __builtin_prefetch(VT + d * ld + tp), __builtin_prefetch(VT + d * ld + tp + 32);
         }
         _tile_zero(2);
         _tile_zero(3);
+        _tile_zero(6);
+        _tile_zero(7);
         for (int h = 0; h < nh; h += 2) {
             _tile_loadd(1, qt[h], 64);
-            _tile_loadd(0, k0 + 32 * h, tok * 2);
-            _tile_dpbf16ps(2, 0, 1);
-            if (k1) {
-                _tile_loadd(4, k1 + 32 * h, tok * 2);
-                _tile_dpbf16ps(3, 4, 1);
-            }
             _tile_loadd(5, qt[h + 1], 64);
-            _tile_loadd(0, k0 + 32 * (h + 1), tok * 2);
-            _tile_dpbf16ps(2, 0, 5);
-            if (k1) {
-                _tile_loadd(4, k1 + 32 * (h + 1), tok * 2);
-                _tile_dpbf16ps(3, 4, 5);
-            }
+#define AMX_SCORES(j, C)                              \
+    if (k[j]) {                                       \
+        _tile_loadd(0, k[j] + 32 * h, tok * 2);       \
+        _tile_dpbf16ps(C, 0, 1);                      \
+        _tile_loadd(4, k[j] + 32 * (h + 1), tok * 2); \
+        _tile_dpbf16ps(C, 4, 5);                      \
+    }
+            AMX_SCORES(0, 2)
+            AMX_SCORES(1, 3)
+            AMX_SCORES(2, 6)
+            AMX_SCORES(3, 7)
+#undef AMX_SCORES
         }
         _tile_stored(2, st[0], 64);
         _tile_stored(3, st[16], 64);
+        _tile_stored(6, st[32], 64);
+        _tile_stored(7, st[48], 64);
         const int all = t0 + AMX_KEYS - 1 <= first; /* every query sees the whole block */
         __mmask16 seen[AMX_KEYS];
         __m512 bmax = _mm512_set1_ps(-INFINITY);
@@ -167,20 +171,23 @@ static void amx_attend(const float *const *q, const int64_t *pos, int nq, const 
         }
         l = _mm512_fmadd_ps(l, alpha, sum);
         m = mn;
-        _tile_loadd(5, pt, 64);
-        for (int d0 = 0; d0 < hd; d0 += 64) { /* 64 dims: four independent products */
+        _tile_loadd(1, pt[0], 64);            /* weights of keys t0..t0 + 31 */
+        _tile_loadd(5, pt[16], 64);           /* and of t0 + 32.. */
+        for (int d0 = 0; d0 < hd; d0 += 64) { /* 64 dims: four independent products, each over the block's halves */
             _tile_zero(2);
             _tile_zero(3);
             _tile_zero(6);
             _tile_zero(7);
-            _tile_loadd(0, VT + d0 * ld + t0, ld * 2);
-            _tile_dpbf16ps(2, 0, 5);
-            _tile_loadd(4, VT + (d0 + 16) * ld + t0, ld * 2);
-            _tile_dpbf16ps(3, 4, 5);
-            _tile_loadd(0, VT + (d0 + 32) * ld + t0, ld * 2);
-            _tile_dpbf16ps(6, 0, 5);
-            _tile_loadd(4, VT + (d0 + 48) * ld + t0, ld * 2);
-            _tile_dpbf16ps(7, 4, 5);
+#define AMX_VALUES(i, C)                                       \
+    _tile_loadd(0, VT + (d0 + 16 * i) * ld + t0, ld * 2);      \
+    _tile_dpbf16ps(C, 0, 1);                                   \
+    _tile_loadd(4, VT + (d0 + 16 * i) * ld + t0 + 32, ld * 2); \
+    _tile_dpbf16ps(C, 4, 5);
+            AMX_VALUES(0, 2)
+            AMX_VALUES(1, 3)
+            AMX_VALUES(2, 6)
+            AMX_VALUES(3, 7)
+#undef AMX_VALUES
             _tile_stored(2, pv[0], 64);
             _tile_stored(3, pv[16], 64);
             _tile_stored(6, pv[32], 64);
