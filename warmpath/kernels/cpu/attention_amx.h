@@ -10,10 +10,11 @@
    caching and chunking change no token. */
 #pragma once
 
+#define AMX_KEYS 64 /* keys per block (attention.h sizes the staged V^T by it on every build) */
+
 #if defined(WP_AMX) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define WP_AMX_ATTN 1
-#define AMX_KEYS 64 /* keys per block */
-#define AMX_Q 16    /* queries per task: one tile's columns */
+#define AMX_Q 16 /* queries per task: one tile's columns */
 
 /* exp(x) for 16 floats, x >= -87.3 (clamped): 2^k times a degree-5 polynomial of 2^f, f in [-1/2, 1/2] (relative
    error ~2e-6; the weights are rounded to bf16 after it). */
