@@ -5,9 +5,9 @@ tokens out, each prompt different) for --seconds; reported: requests completed a
 
     python benchmarks/competing_load.py [--configs plan,bf16] [--seconds 45]
 
-`plan` is warmpath as it ships (the plan measured on this machine); `plan-tuned` adds `--thread-tuning` (one
-thread while another process holds a core); `bf16` is `--dtype bfloat16` (torch in bf16: the
-default before plans on a CPU with bf16); `fp32` is `--dtype float32`.
+`plan` is warmpath as it ships (the plan measured on this machine, with thread tuning: one thread while another
+process holds a core); `plan-fixed` is `--no-thread-tuning` (every core always); `bf16` is `--dtype bfloat16` (torch
+in bf16: the default before plans on a CPU with bf16); `fp32` is `--dtype float32`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from common import code_windows, machine, write_json
 
 from warmpath.models.registry import load_tokenizer
 
-CONFIGS = {"plan": [], "plan-tuned": ["--thread-tuning"], "bf16": ["--dtype", "bfloat16"],
+CONFIGS = {"plan": [], "plan-fixed": ["--no-thread-tuning"], "bf16": ["--dtype", "bfloat16"],
            "fp32": ["--dtype", "float32"]}
 HOG = "while True: pass"
 

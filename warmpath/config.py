@@ -63,9 +63,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
     # One thread while another process holds a core, every core otherwise, from what the OS counts during the
-    # native kernel's steps (engine/threads.py): for a machine shared with other work. Off by default: on an idle
-    # machine it still mistakes a single decode row's serial stretches for contention (README, "A busy machine").
-    thread_tuning: bool = False
+    # native kernel's steps (engine/threads.py): a machine shared with other work slows down instead of stalling.
+    thread_tuning: bool = True
     # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU
     # only. Off by default: such steps are then not token-identical to fp32. "none" keeps one copy.

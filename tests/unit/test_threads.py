@@ -11,6 +11,9 @@ from warmpath.engine.threads import WINDOW_S, Sample, ThreadChoice
 # left with it; one thread: one core is ours whatever the other does, the other is idle unless someone holds it.
 TWO_IDLE, TWO_BUSY = (1.95, 0.02), (1.30, 0.0)
 ONE_IDLE, ONE_BUSY = (1.0, 0.97), (1.0, 0.01)
+# One decode row at a time on an idle machine: Python's serial stretches between the kernel's calls leave a core
+# idle (our CPU time per thread well below 1, as under contention), but nobody else takes it.
+TWO_SERIAL = (1.2, 0.75)
 
 
 def feed(choice: ThreadChoice, per_second: tuple[float, float], seconds: float) -> list[int]:
@@ -34,6 +37,14 @@ def test_every_core_on_an_idle_machine_one_thread_while_another_process_holds_a_
     assert set(feed(choice, ONE_BUSY, 5)) == {1}  # no trial of every core while the core stays taken
     used = feed(choice, ONE_IDLE, 1)  # the other process ends: a core is free again
     assert used[-1] == 2 and choice.switches == 2
+
+
+def test_this_processs_own_serial_stretches_are_not_another_process():
+    """What kept thread tuning off by default: one decode row's serial stretches read as contention when the rule
+    was this process's CPU time per thread. What others took is what counts."""
+    choice = ThreadChoice(2)
+    assert set(feed(choice, TWO_SERIAL, 5)) == {2} and choice.switches == 0
+    assert feed(choice, TWO_BUSY, 1.5)[-1] == 1
 
 
 def test_steps_run_with_another_count_do_not_count():

@@ -1,11 +1,13 @@
 """How many threads a native-only step uses: every core, unless another process holds one. A step spread over
 every core then waits, at each of its ~300 parallel regions, for the thread that lost its core (four times the
-time with one of two cores taken, benchmarks/competing_load.py), while one thread runs at the speed of the core
-it has. What the OS counts tells which case this is, with no trial steps: over a window of steps, the CPU time
-this process got per thread and second (well below 1: the threads are not all running), and the machine's idle
-time while one thread runs (a free core: go back to every core). Only for steps whose numbers do not depend on
-the thread count (the native kernel's: each output and each attention span is computed by one thread, merged in
-a fixed order)."""
+time with one of two cores taken on one CPU, no request done at all in 20 s on another:
+benchmarks/competing_load.py), while one thread runs at the speed of the core it has. What the OS counts tells
+which case this is, with no trial steps: over a window of steps, the CPU time that neither this process got nor
+the machine left idle (another process took it: go to one thread), and the machine's idle time while one thread
+runs (a free core: go back to every core). This process's own serial stretches (one decode row's Python work)
+leave cores idle, not taken, so they never read as another process. Only for steps whose numbers do not depend
+on the thread count (the native kernel's: each output and each attention span is computed by one thread, merged
+in a fixed order)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WINDOW_S = 0.5  # seconds of steps per decision
-CONTENDED = 0.8  # CPU time per thread and second below this: another process holds a core
+TAKEN = 0.25  # share of the machine's CPU time others took above which another process holds a core
 FREE_CORE = 0.5  # idle cores (per second of steps) above this while on one thread: a core came free
 
 
@@ -60,8 +62,8 @@ class ThreadChoice:
             self.idle += end.idle - start.idle
         if self.wall < WINDOW_S:
             return
-        busy = self.cpu / (self.wall * self.threads)
-        if self.threads > 1 and busy < CONTENDED:
+        taken = 1 - (self.cpu + self.idle) / (self.wall * self.cores)
+        if self.threads > 1 and taken > TAKEN:
             self.threads, self.switches = 1, self.switches + 1
         elif self.threads == 1 and self.idle / self.wall > FREE_CORE:
             self.threads, self.switches = self.cores, self.switches + 1
