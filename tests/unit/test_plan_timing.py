@@ -6,6 +6,7 @@ import pytest
 
 from warmpath.engine import plan_timing
 from warmpath.engine.plan import choose
+from warmpath.engine.threads import others_share
 
 STEPS = [("decode", "1x512", 1, 1, 512), ("decode", "16x512", 16, 1, 512), ("chunk", "8@0", 1, 8, 0),
          ("chunk", "512@2048", 1, 512, 2048)]
@@ -66,7 +67,6 @@ def test_without_rounds_a_burst_would_have_flipped_the_choice(monkeypatch):
 
 def test_a_busy_machine_is_told_from_a_quiet_one():
     # 10 s on 2 cores: this process used 19 CPU seconds and the machine idled 0.5 s: quiet
-    assert plan_timing.busy_share(10, 19, 100.0, 100.5, cores=2) == pytest.approx(0.025)
+    assert others_share(10, 19, 100.0, 100.5, cores=2) == pytest.approx(0.025)
     # another process took one core: this process used 10 s, nothing idled
-    assert plan_timing.busy_share(10, 10, 100.0, 100.0, cores=2) == pytest.approx(0.5)
-    assert plan_timing.busy_share(10, 10, None, None, cores=2) == 0.0
+    assert others_share(10, 10, 100.0, 100.0, cores=2) == pytest.approx(0.5)

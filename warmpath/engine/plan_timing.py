@@ -32,7 +32,7 @@ from warmpath.engine.plan import (
     single,
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
-from warmpath.engine.threads import machine_idle_s
+from warmpath.engine.threads import machine_idle_s, others_share
 from warmpath.kernels.native import NativeForward, NativeKernelError
 from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.kv_cache import allocate_kv_cache
@@ -153,21 +153,11 @@ def time_steps(runners: dict[str, ModelRunner], steps: list[tuple[str, str, int,
                 got[backend][kind][key] = ms if best is None else min(best, ms)
         print(f"plan: round {round_ + 1} of {ROUNDS}: {', '.join(runners)} timed on {len(steps)} step shapes "
               f"({clock() - t0:.0f} s so far)", file=progress, flush=True)
-    others = busy_share(clock() - t0, cpu_clock() - c0, idle0, machine_idle_s())
+    others = others_share(clock() - t0, cpu_clock() - c0, idle0, machine_idle_s(), os.cpu_count() or 1)
     if others > BUSY_SHARE:
         log.warning("plan: other processes used %.0f%% of the CPU while the plan was measured, so it may be off; "
                     "measure again on a quiet machine with `warmpath plan --remeasure`", 100 * others)
     return got
-
-
-def busy_share(wall_s: float, own_cpu_s: float, idle0: float | None, idle1: float | None,
-               cores: int | None = None) -> float:
-    """The share of the machine's CPU time that other processes used over wall_s seconds: what neither this
-    process used nor the machine left idle (0 where the OS does not say)."""
-    cores = cores or os.cpu_count() or 1
-    if idle0 is None or idle1 is None or wall_s <= 0:
-        return 0.0
-    return max(0.0, 1 - (own_cpu_s + (idle1 - idle0)) / (wall_s * cores))
 
 
 def _runner(ckpt: Checkpoint, backend: str) -> ModelRunner:

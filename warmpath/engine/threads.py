@@ -29,6 +29,16 @@ def machine_idle_s() -> float | None:
         return None
 
 
+def others_share(wall_s: float, own_cpu_s: float, idle0: float | None, idle1: float | None, cores: int) -> float:
+    """The share of the machine's CPU time over wall_s seconds that other processes took: what neither this
+    process used nor the machine left idle (idle0, idle1: machine_idle_s() at the start and end; unknown: only
+    what this process left unused counts)."""
+    if wall_s <= 0:
+        return 0.0
+    idle = idle1 - idle0 if idle0 is not None and idle1 is not None else 0.0
+    return max(0.0, 1 - (own_cpu_s + idle) / (wall_s * cores))
+
+
 @dataclass
 class Sample:
     wall: float
@@ -62,8 +72,7 @@ class ThreadChoice:
             self.idle += end.idle - start.idle
         if self.wall < WINDOW_S:
             return
-        taken = 1 - (self.cpu + self.idle) / (self.wall * self.cores)
-        if self.threads > 1 and taken > TAKEN:
+        if self.threads > 1 and others_share(self.wall, self.cpu, 0.0, self.idle, self.cores) > TAKEN:
             self.threads, self.switches = 1, self.switches + 1
         elif self.threads == 1 and self.idle / self.wall > FREE_CORE:
             self.threads, self.switches = self.cores, self.switches + 1
