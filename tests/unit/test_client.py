@@ -92,16 +92,28 @@ def test_a_late_first_token_is_dropped_silently_and_the_server_stops(server):
     url, app = server
     aborted0 = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
 
+    seen: set[str] = set()
+
+    def slow_step(e):  # ~1,700 tokens at 64 per step, 50 ms each: far beyond the deadline
+        seen.update(e.requests)
+        time.sleep(0.05)
+
     async def late():
         records = []
         async with httpx.AsyncClient(timeout=60) as http:
-            client = EditorClient(http, Target(url), "dev-late", ClientConfig(debounce_ms=1, deadline_ms=5),
+            # 300 ms: long enough for the request to reach the server on a slow machine, so it has one to stop
+            client = EditorClient(http, Target(url), "dev-late", ClientConfig(debounce_ms=1, deadline_ms=300),
                                   records, monotonic_clock())
-            client.keystroke("# late\n" + CODE * 30)  # ~1,700 tokens at 64 per step: far beyond 5 ms
-            await client.idle()
+            app.state.async_engine.step_listeners.append(slow_step)
+            try:
+                client.keystroke("# late\n" + CODE * 30)
+                await client.idle()
+            finally:
+                app.state.async_engine.step_listeners.remove(slow_step)
         return records
 
     records = asyncio.run(late())
+    assert seen  # the server had the request, so there was something to stop
     assert len(records) == 1 and records[0].outcome == DROPPED and records[0].error is None
     assert records[0].text == "" and records[0].first_token is None
     wait_for_step(app, lambda e: not e.requests)
