@@ -80,26 +80,36 @@ static void amx_panel(const wp_matrix *W, int64_t g, int64_t g1, uint8_t *panel,
     }
 }
 
-/* One block's sums (tile 4 + (b & 1)) scaled into the 16 rows' chains: the lanes' operations of tile_i8. */
-AI void amx_scale(int32_t *sums, const float *d, const float *dx, int64_t nb, int64_t b, __m512 acc[16]) {
-    const __m512 dv = _mm512_loadu_ps(d + b * 16);
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++)
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])),
-                                 _mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * r)), acc[r]);
-}
+/* The 16 rows' accumulators are named variables, not an array: GCC kept an array of them on the stack (a load and
+   a store per row per block). X(r) for each row r of a tile. */
+#define AMX_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define AMX_ROWS_LOW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define AMX_ROWS_HIGH(X) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
-/* 16 rows of x (xq, dx, xs: the tile's first row; rows past the real ones are zeros, in each) times one panel; y
-   gets the first R rows (ldy apart), 16 outputs (8 when only one group is real: n_out). Software-pipelined by
-   pairs of blocks: the unit computes the next pair into the other two sum tiles while this pair's stored sums
-   are scaled (a tile's sums are read back only after the unit is done with them and the store has landed). */
+/* One block's stored sums scaled into the 16 rows' chains: the lanes' operations of tile_i8. */
+#define AMX_SCALE_ROW(r)                                                \
+    acc##r = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(dxb[r])), \
+                             _mm512_cvtepi32_ps(_mm512_load_si512(sums_b + 16 * (r))), acc##r);
+#define AMX_SCALE(S, b)                                  \
+    {                                                    \
+        const int32_t *sums_b = (S);                     \
+        const __m512 dv = _mm512_loadu_ps(d + (b) * 16); \
+        const float *dxb = dx + (b) * 16;                \
+        AMX_ROWS(AMX_SCALE_ROW)                          \
+    }
+
+/* 16 rows of x (xq, dx, xs: the tile's first row; dx and xs block-major, 16 rows per block; rows past the real
+   ones are zeros, in each) times one panel; y gets the first R rows (ldy apart), 16 outputs (8 when only one
+   group is real: n_out). Software-pipelined by pairs of blocks: the unit computes the next pair into the other two
+   sum tiles while this pair's stored sums are scaled (a tile's sums are read back only after the unit is done
+   with them and the store has landed). */
 AI void amx_tile(const int TYPE, const uint8_t *panel, const float *d, const float *m, const int8_t *xq, int64_t K,
                  const float *dx, const float *xs, int R, float *y, int64_t ldy, int n_out) {
     const int64_t nb = K / 32;
     int32_t sums[2][2][256] __attribute__((aligned(64))); /* [pair parity][block of the pair] */
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+#define AMX_ZERO(r) __m512 acc##r = _mm512_setzero_ps();
+    AMX_ROWS(AMX_ZERO)
+#undef AMX_ZERO
 #define AMX_DP(C, A, B)                         \
     if (TYPE == WP_Q4_1) _tile_dpbsud(C, A, B); \
     else _tile_dpbssd(C, A, B);
@@ -125,40 +135,51 @@ AI void amx_tile(const int TYPE, const uint8_t *panel, const float *d, const flo
     AMX_STORE(0, 4, 5, sums[0])
     for (int64_t b = 0; b < nb; b += 4) { /* two pairs per iteration: tiles 4, 5 then 6, 7 */
         if (b + 2 < nb) AMX_ISSUE(b + 2, 6, 7)
-        amx_scale(sums[0][0], d, dx, nb, b, acc);
-        if (b + 1 < nb) amx_scale(sums[0][1], d, dx, nb, b + 1, acc);
+        AMX_SCALE(sums[0][0], b)
+        if (b + 1 < nb) AMX_SCALE(sums[0][1], b + 1)
         if (b + 2 >= nb) break;
         AMX_STORE(b + 2, 6, 7, sums[1])
         if (b + 4 < nb) AMX_ISSUE(b + 4, 4, 5)
-        amx_scale(sums[1][0], d, dx, nb, b + 2, acc);
-        if (b + 3 < nb) amx_scale(sums[1][1], d, dx, nb, b + 3, acc);
+        AMX_SCALE(sums[1][0], b + 2)
+        if (b + 3 < nb) AMX_SCALE(sums[1][1], b + 3)
         if (b + 4 < nb) AMX_STORE(b + 4, 4, 5, sums[0])
     }
 #undef AMX_DP
 #undef AMX_ISSUE
 #undef AMX_STORE
-    if (TYPE == WP_Q4_1) /* the min term: one chain from 0 per output, then added (add_min_terms); 8 rows' chains
-                            at a time, interleaved (xs holds 16 rows) */
-        for (int h = 0; h < 16; h += 8) {
-            __m512 mt[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) mt[r] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const __m512 mv = _mm512_loadu_ps(m + b * 16);
-#pragma GCC unroll 8
-                for (int r = 0; r < 8; r++) mt[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[(h + r) * nb + b]), mt[r]);
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) acc[h + r] = _mm512_add_ps(acc[h + r], mt[r]);
-        }
+    if (TYPE == WP_Q4_1) { /* the min term: one chain from 0 per output, then added (add_min_terms); 8 rows'
+                              chains at a time, interleaved */
+#define AMX_MT_ZERO(r) __m512 mt##r = _mm512_setzero_ps();
+#define AMX_MT_FMA(r) mt##r = _mm512_fmadd_ps(mv, _mm512_set1_ps(xb[r]), mt##r);
+#define AMX_MT_ADD(r) acc##r = _mm512_add_ps(acc##r, mt##r);
+#define AMX_MIN_TERM(ROWS)                                 \
+    {                                                      \
+        ROWS(AMX_MT_ZERO)                                  \
+        for (int64_t b = 0; b < nb; b++) {                 \
+            const __m512 mv = _mm512_loadu_ps(m + b * 16); \
+            const float *xb = xs + b * 16;                 \
+            ROWS(AMX_MT_FMA)                               \
+        }                                                  \
+        ROWS(AMX_MT_ADD)                                   \
+    }
+        AMX_MIN_TERM(AMX_ROWS_LOW)
+        AMX_MIN_TERM(AMX_ROWS_HIGH)
+#undef AMX_MIN_TERM
+#undef AMX_MT_ZERO
+#undef AMX_MT_FMA
+#undef AMX_MT_ADD
+    }
     const __mmask16 keep = n_out == 16 ? 0xFFFF : 0x00FF;
-    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+#define AMX_STORE_ROW(r) \
+    if ((r) < R) _mm512_mask_storeu_ps(y + (r) * ldy, keep, acc##r);
+    AMX_ROWS(AMX_STORE_ROW)
+#undef AMX_STORE_ROW
 }
 
 /* Whole groups g0..g1 (y at group g0's outputs) times all D rows of x: a panel of two groups at a time, converted
    once (panel: nb * 512 bytes, d and m: nb * 16 floats each) and multiplied by every 16-row tile of x. xq, dx
    and xs hold D16 >= D rows, the ones past D zero. */
-static void amx_groups(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, int D, float *y,
+static void amx_groups(const wp_matrix *W, const int8_t *xq, const float *dxt, const float *xst, int D, float *y,
                        int64_t g0, int64_t g1, uint8_t *panel, float *d, float *m) {
     const int64_t N = W->rows, K = W->cols, nb = K / 32;
     amx_configure();
@@ -169,11 +190,11 @@ static void amx_groups(const wp_matrix *W, const int8_t *xq, const float *dx, co
             const int R = D - r0 < 16 ? D - r0 : 16;
             float *yt = y + (int64_t)r0 * N + 8 * (g - g0);
             if (W->type == WP_Q4_1)
-                amx_tile(WP_Q4_1, panel, d, m, xq + (int64_t)r0 * K, K, dx + (int64_t)r0 * nb, xs + (int64_t)r0 * nb, R,
-                         yt, N, n_out);
+                amx_tile(WP_Q4_1, panel, d, m, xq + (int64_t)r0 * K, K, dxt + (int64_t)r0 * nb, xst + (int64_t)r0 * nb,
+                         R, yt, N, n_out);
             else
-                amx_tile(WP_Q8_0, panel, d, m, xq + (int64_t)r0 * K, K, dx + (int64_t)r0 * nb, xs + (int64_t)r0 * nb, R,
-                         yt, N, n_out);
+                amx_tile(WP_Q8_0, panel, d, m, xq + (int64_t)r0 * K, K, dxt + (int64_t)r0 * nb, xst + (int64_t)r0 * nb,
+                         R, yt, N, n_out);
         }
     }
     _tile_release();

@@ -135,6 +135,20 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
     if (W->type == WP_Q4_1) block_sums(x, D, K, xs);
     if (int8) quantize_rows(x, D, K, xq, dx, nthreads);
     if (int8 && D16 > D) memset(xq + (int64_t)D * K, 0, (size_t)(D16 - D) * K);
+#ifdef WP_AMX
+    /* dx and xs tile by tile, block-major (tile t, block b, row i at (t * nb + b) * 16 + i): the 16 rows' scales
+       of a block side by side, read from one pointer */
+    float *dxt = amx ? (float *)calloc((size_t)(2 * D16 * nb + 1), sizeof(float)) : NULL, *xst = dxt + D16 * nb;
+    if (amx && !dxt) {
+        free(xs), free(dx), free(xq);
+        return -1;
+    }
+    for (int r = 0; amx && r < D; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t at = ((int64_t)(r / 16) * nb + b) * 16 + r % 16;
+            dxt[at] = dx[(int64_t)r * nb + b], xst[at] = xs[(int64_t)r * nb + b];
+        }
+#endif
 #pragma omp parallel num_threads(nthreads)
     {
         int t = 0, nt = 1;
@@ -150,7 +164,7 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
         if (panel) {
             const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
             float *d = (float *)(panel + nb * 512), *m = d + nb * 16;
-            if (g0 < f1) amx_groups(W, xq, dx, xs, D, y + 8 * g0, g0, f1, panel, d, m);
+            if (g0 < f1) amx_groups(W, xq, dxt, xst, D, y + 8 * g0, g0, f1, panel, d, m);
             free(panel);
             if (g1 > f1) /* the partial group */
                 for (int r0 = 0; r0 < D; r0 += TILE_R) {
@@ -195,6 +209,9 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
             for (int r = 0; r < D; r++)
                 for (int64_t n = 8 * g0; n < 8 * g1 && n < N; n++) y[(int64_t)r * N + n] += W->bias[n];
     }
+#ifdef WP_AMX
+    free(dxt);
+#endif
     free(xs), free(dx), free(xq);
     return 0;
 }
