@@ -88,3 +88,16 @@ def test_amx_chunk_attention_is_the_same_whatever_the_chunking(amx, bundled):
     ref = exact.forward([ids], [0], [list(range(44))])
     assert (whole - ref).abs().max() < 1.5 * (fp32_attention - ref).abs().max()
     assert whole.argmax(-1).item() in ref.topk(2).indices[0].tolist()  # the reference's top two are 0.08 apart
+
+
+def test_a_last_token_alone_gets_the_logits_it_gets_inside_a_chunk(amx, bundled):
+    """A prompt whose cached prefix leaves one token (or whose last chunk is one token), and a decode row: the same
+    logits as when that token is a chunk's last row."""
+    kernel, _, ids = bundled
+    whole, cache = prefill(kernel, ids, (700,), 1)
+    logits, kv = prefill(kernel, ids, (699, 1), 1)
+    assert torch.equal(kv, cache)
+    assert torch.equal(logits, whole)
+    prefill(kernel, ids, (699,), 1)  # then the last token as a decode row beside another sequence's chunk
+    both = kernel.forward([ids[699:700], ids[:100]], [699, 0], [list(range(44)), list(range(44, 51))])
+    assert torch.equal(both[0], whole[0])

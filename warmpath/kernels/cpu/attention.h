@@ -34,6 +34,10 @@ static void free_plan(attn_plan *P) {
 /* Keys a chunk's V^T row holds: its context rounded up to whole blocks of AMX_KEYS. */
 static inline int64_t vt_ld(int64_t ctx) { return (ctx + AMX_KEYS - 1) / AMX_KEYS * AMX_KEYS; }
 
+/* Whether a sequence's V is staged once for its AMX tasks: more than one task a KV head reads it (a decode's one
+   task stages each block as it goes). */
+static inline int amx_staged(int nrows, int G) { return (nrows * G + 15) / 16 > 1; }
+
 /* Decode rows sq_a and sq_b read the same blocks up to position last (inclusive). */
 static int same_blocks(const int32_t *tables, int width, int sq_a, int sq_b, int64_t last, int bs) {
     const int64_t nb = last / bs + 1;
@@ -61,10 +65,10 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
         else P->group_end[sq] = sq + 1, lead = decode ? sq : -1;
     }
 #ifdef WP_AMX_ATTN
-    int chunks = 0; /* a step of decodes alone pays nothing for the AMX phases (two barriers a layer) */
-    for (int sq = 0; sq < S; sq++) chunks += seq_rows[sq + 1] - seq_rows[sq] > 1;
-    P->amx = chunks && M->attention == WP_ATTN_BF16 && M->kv_type == WP_KV_BF16 && M->block_size % 16 == 0 &&
-             hd % 64 == 0 && hd <= 128 && amx_usable();
+    /* every row, decodes too: a row's numbers must not depend on whether it is a step's only row, a verified
+       guess or a chunk's (a prompt's last token computed alone after a cache hit gets a chunk's logits) */
+    P->amx = M->attention == WP_ATTN_BF16 && M->kv_type == WP_KV_BF16 && M->block_size % 16 == 0 && hd % 64 == 0 &&
+             hd <= 128 && amx_usable();
 #endif
     if (P->amx) {
         P->amx_first = (int *)malloc((size_t)(S + 1) * sizeof(int));
@@ -72,9 +76,10 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
         if (!P->amx_first || !P->vt_off) return free_plan(P), -1;
         P->amx_first[0] = 0, P->vt_off[0] = 0;
         for (int sq = 0; sq < S; sq++) {
-            const int nrows = seq_rows[sq + 1] - seq_rows[sq], chunk = nrows > 1;
-            P->amx_first[sq + 1] = P->amx_first[sq] + (chunk ? KVH * ((nrows * G + 15) / 16) : 0);
-            P->vt_off[sq + 1] = P->vt_off[sq] + (chunk ? (int64_t)KVH * hd * vt_ld(start[sq] + nrows) : 0);
+            const int nrows = seq_rows[sq + 1] - seq_rows[sq];
+            P->amx_first[sq + 1] = P->amx_first[sq] + KVH * ((nrows * G + 15) / 16);
+            P->vt_off[sq + 1] =
+                P->vt_off[sq] + (amx_staged(nrows, G) ? (int64_t)KVH * hd * vt_ld(start[sq] + nrows) : 0);
         }
         P->vt = (uint16_t *)malloc((size_t)P->vt_off[S] * 2 + 1);
         if (!P->vt) return free_plan(P), -1;
@@ -82,7 +87,7 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
     P->first[0] = 0, P->poff[0] = 0;
     for (int sq = 0; sq < S; sq++) {
         const int nrows = seq_rows[sq + 1] - seq_rows[sq];
-        if (P->amx && nrows > 1) { /* an AMX chunk: no span tasks, no partial results */
+        if (P->amx) { /* AMX tasks: no span tasks, no partial results */
             for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) P->row_seq[r] = sq;
             P->first[sq + 1] = P->first[sq], P->poff[sq + 1] = P->poff[sq];
             continue;
@@ -113,22 +118,22 @@ static void amx_chunks(const wp_model *M, int S, const int32_t *seq_rows, const 
     const int64_t tok = (int64_t)KVH * hd;
     int pieces = 0; /* (sequence, KV head, 256 keys) */
     for (int sq = 0; sq < S; sq++)
-        if (seq_rows[sq + 1] - seq_rows[sq] > 1)
+        if (amx_staged(seq_rows[sq + 1] - seq_rows[sq], G))
             pieces += KVH * (int)((vt_ld(start[sq] + seq_rows[sq + 1] - seq_rows[sq]) + 255) / 256);
 #pragma omp for schedule(dynamic, 1)
     for (int piece = 0; piece < pieces; piece++) {
         int sq = 0, rest = piece, n = 0;
         for (;; sq++) {
             const int nrows = seq_rows[sq + 1] - seq_rows[sq];
-            n = nrows > 1 ? KVH * (int)((vt_ld(start[sq] + nrows) + 255) / 256) : 0;
+            n = amx_staged(nrows, G) ? KVH * (int)((vt_ld(start[sq] + nrows) + 255) / 256) : 0;
             if (rest < n) break;
             rest -= n;
         }
         const int64_t ctx = start[sq] + seq_rows[sq + 1] - seq_rows[sq], ld = vt_ld(ctx);
         const int g = rest % KVH;
         const int64_t t0 = (int64_t)(rest / KVH) * 256, t1 = t0 + 256 < ld ? t0 + 256 : ld;
-        amx_stage_vt((const uint16_t *)vc + g * hd, tables + (int64_t)sq * width, M->block_size, tok, hd, t0, t1, ctx,
-                     P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, ld);
+        amx_stage_v((const uint16_t *)vc + g * hd, tables + (int64_t)sq * width, M->block_size, tok, hd, t0, t1, ctx,
+                    P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, 0);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < P->amx_first[S]; task++) {
@@ -146,8 +151,10 @@ static void amx_chunks(const wp_model *M, int S, const int32_t *seq_rows, const 
             pos[i] = start[sq] + (a0 + i) / G;
         }
         const int64_t ld = vt_ld(start[sq] + nrows);
-        amx_attend(q, pos, nq, (const uint16_t *)kc + g * hd, tables + (int64_t)sq * width, M->block_size, tok, hd,
-                   M->scale, P->vt + P->vt_off[sq] + (int64_t)g * hd * ld, ld, o, tiles <= AMX_FETCH_TILES);
+        amx_attend(q, pos, nq, (const uint16_t *)kc + g * hd, (const uint16_t *)vc + g * hd,
+                   tables + (int64_t)sq * width, M->block_size, tok, hd, M->scale,
+                   amx_staged(nrows, G) ? P->vt + P->vt_off[sq] + (int64_t)g * hd * ld : NULL, o,
+                   tiles <= AMX_FETCH_TILES);
     }
 }
 #endif
@@ -223,7 +230,7 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
 #pragma omp for schedule(static)
         for (int r = 0; r < seq_rows[S]; r++) {
             const int sq = P->row_seq[r], nrows = seq_rows[sq + 1] - seq_rows[sq], i = r - seq_rows[sq];
-            if (P->amx && nrows > 1) continue; /* written by its AMX task */
+            if (P->amx) continue; /* written by its AMX task */
             const int nspan = (int)((start[sq] + nrows + SPLIT - 1) / SPLIT);
             const int64_t stride = (int64_t)nrows * G * (hd + 2); /* from one span's task to the next */
             for (int h = 0; h < H; h++) {
