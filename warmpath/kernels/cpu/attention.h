@@ -18,9 +18,9 @@ typedef struct {
     int *row_seq;   /* [R] the sequence of each row */
     float *parts, *work;
     int64_t scratch; /* floats of work per thread */
-    int amx;         /* chunks on AMX tiles (attention_amx.h): their tasks below, none in first / poff */
+    int amx;         /* every row on AMX tiles (attention_amx.h): their tasks below, none in first / poff */
     int *amx_first;  /* [S + 1] first AMX task of each sequence (KV heads x tiles of 16 queries) */
-    int64_t *vt_off; /* [S + 1] where each sequence's V^T (KV heads x head_dim x vt_ld) starts in vt */
+    int64_t *vt_off; /* [S + 1] where each staged sequence's V tiles (KV heads x head_dim x vt_ld) start in vt */
     uint16_t *vt;
 } attn_plan;
 
@@ -31,7 +31,7 @@ static void free_plan(attn_plan *P) {
 
 #define AMX_FETCH_TILES 8 /* a chunk with at most this many tiles a KV head prefetches its blocks */
 
-/* Keys a chunk's V^T row holds: its context rounded up to whole blocks of AMX_KEYS. */
+/* Keys a sequence's staged V tiles hold: its context rounded up to whole blocks of AMX_KEYS. */
 static inline int64_t vt_ld(int64_t ctx) { return (ctx + AMX_KEYS - 1) / AMX_KEYS * AMX_KEYS; }
 
 /* Whether a sequence's V is staged once for its AMX tasks: more than one task a KV head reads it (a decode's one
@@ -109,8 +109,9 @@ static int plan_attention(const wp_model *M, int S, const int32_t *seq_rows, con
 }
 
 #ifdef WP_AMX_ATTN
-/* Inside attention()'s parallel region: every chunk's V^T staged (pieces of 256 keys), then its tasks (a KV head's
-   16 queries: row i's head j is query i * G + j) attended on AMX tiles, straight into out. */
+/* Inside attention()'s parallel region: the V tiles of every sequence with several tasks a KV head staged (pieces
+   of 256 keys), then every sequence's tasks (a KV head's 16 queries: row i's head j is query i * G + j) attended
+   on AMX tiles, straight into out. */
 static void amx_chunks(const wp_model *M, int S, const int32_t *seq_rows, const int64_t *start, const int32_t *tables,
                        int width, const float *qkv, const uint8_t *kc, const uint8_t *vc, float *out,
                        const attn_plan *P) {

@@ -1,7 +1,7 @@
-/* Part of attention.h: a chunk's attention on AMX bf16 tiles (Sapphire Rapids and later), for a model whose
+/* Part of attention.h: every row's attention on AMX bf16 tiles (Sapphire Rapids and later), for a model whose
    products already round (int8 activations) over a bf16 KV cache (wp_model.attention = WP_ATTN_BF16).
 
-   A task is 16 queries (a chunk's rows x the query heads of one KV head) over all the keys they see, in blocks
+   A task is up to 16 queries (a sequence's rows x the query heads of one KV head) over all the keys they see, in blocks
    of 64 keys at positions 64c..64c+63, c = 0, 1, ... in order (flash attention, one pass): scores S^T = K Q^T
    (K's rows straight from the cache, Q rounded to bf16), the running max and sum of each query, the weights
    rounded to bf16, and O = P V into fp32 outputs rescaled block by block. Every query's numbers come from
@@ -10,7 +10,7 @@
    caching and chunking change no token. */
 #pragma once
 
-#define AMX_KEYS 64 /* keys per block (attention.h sizes the staged V^T by it on every build) */
+#define AMX_KEYS 64 /* keys per block (attention.h sizes the staged V tiles by it on every build) */
 
 #if defined(WP_AMX) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define WP_AMX_ATTN 1

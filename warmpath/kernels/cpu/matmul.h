@@ -138,7 +138,8 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
 #ifdef WP_AMX
     /* dx and xs tile by tile, block-major (tile t, block b, row i at (t * nb + b) * 16 + i): the 16 rows' scales
        of a block side by side, read from one pointer */
-    float *dxt = amx ? (float *)calloc((size_t)(2 * D16 * nb + 1), sizeof(float)) : NULL, *xst = dxt + D16 * nb;
+    float *dxt = amx ? (float *)calloc((size_t)(2 * D16 * nb + 1), sizeof(float)) : NULL;
+    float *xst = dxt ? dxt + D16 * nb : NULL;
     if (amx && !dxt) {
         free(xs), free(dx), free(xq);
         return -1;
