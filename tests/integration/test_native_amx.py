@@ -1,6 +1,7 @@
 """The native kernel on AMX tiles (Sapphire Rapids and later; skipped on CPUs without them): int8-activation
 products of many rows bit for bit those of the register tiles, and a chunk's bf16 attention (int8 activations over
-a bf16 cache) the same for a prompt whatever its chunking, close to the fp32 attention, on the bundled model."""
+a bf16 cache) the same for a prompt whatever its chunking, close to the fp32 attention, on the bundled model. A last
+token computed alone gets its chunk's logits on every CPU, with either attention."""
 
 import ctypes
 import sys
@@ -90,14 +91,18 @@ def test_amx_chunk_attention_is_the_same_whatever_the_chunking(amx, bundled):
     assert whole.argmax(-1).item() in ref.topk(2).indices[0].tolist()  # the reference's top two are 0.08 apart
 
 
-def test_a_last_token_alone_gets_the_logits_it_gets_inside_a_chunk(amx, bundled):
+@pytest.mark.parametrize("attention", [0, 1], ids=["fp32-attention", "amx-attention"])
+def test_a_last_token_alone_gets_the_logits_it_gets_inside_a_chunk(attention, bundled):
     """A prompt whose cached prefix leaves one token (or whose last chunk is one token), and a decode row: the same
-    logits as when that token is a chunk's last row."""
+    logits as when that token is a chunk's last row. The fp32 attention (every CPU without AMX: the default plan's
+    int8 activations over a bf16 cache) as well as the AMX one."""
+    if attention and not native.load_library().wp_set_amx(1):
+        pytest.skip("no AMX tiles on this CPU (or the OS refuses them)")
     kernel, _, ids = bundled
-    whole, cache = prefill(kernel, ids, (700,), 1)
-    logits, kv = prefill(kernel, ids, (699, 1), 1)
+    whole, cache = prefill(kernel, ids, (700,), attention)
+    logits, kv = prefill(kernel, ids, (699, 1), attention)
     assert torch.equal(kv, cache)
     assert torch.equal(logits, whole)
-    prefill(kernel, ids, (699,), 1)  # then the last token as a decode row beside another sequence's chunk
+    prefill(kernel, ids, (699,), attention)  # then the last token as a decode row beside another sequence's chunk
     both = kernel.forward([ids[699:700], ids[:100]], [699, 0], [list(range(44)), list(range(44, 51))])
     assert torch.equal(both[0], whole[0])

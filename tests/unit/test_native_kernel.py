@@ -472,7 +472,8 @@ def test_embedding_rows_from_packed_blocks_equal_the_tables(fmt, int8, tmp_path,
 def test_chunks_over_a_context_whatever_the_chunking(tmp_path, kv_dtype, kernel_build):
     """Three query heads per KV head (register tiles then take heads of two rows): a prompt computed in one
     chunk or in several over what is cached gives the same K/V and last logits, bit for bit, and the torch
-    model's (fp32 KV: to summation order). (A decode row sums its scores in another order: close, not equal.)"""
+    model's (fp32 KV: to summation order). A last chunk of one token (a cache hit that leaves one) is a decode
+    row's work: the same numbers too."""
     path = write_tiny_hf(tmp_path / "g3", "llama", num_attention_heads=6, num_key_value_heads=2,
                          max_position_embeddings=1024)
     ckpt = load_checkpoint(str(path), torch.float32)
@@ -482,7 +483,7 @@ def test_chunks_over_a_context_whatever_the_chunking(tmp_path, kv_dtype, kernel_
     kernel = NativeForward(cfg, ckpt.weights, {}, kv, 16)
     prompt, table = step_inputs(400, 0)
     results = []
-    for cuts in ((400,), (64, 336), (150, 7, 243), (333, 65, 2)):
+    for cuts in ((400,), (64, 336), (150, 7, 243), (333, 65, 2), (399, 1), (150, 249, 1)):
         kv.zero_()
         start = 0
         for n in cuts:

@@ -126,14 +126,14 @@ static void attend_rows(const float *const *q, int NR, const uint8_t *kc, const 
     else one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F32);
 }
 
-/* Queries per register tile of span_queries (x 32 keys: 8 accumulators, each K/V load feeding two FMAs); more
-   gained little. A query's numbers are the same whatever tile it is in. */
+/* Queries per register tile of span_queries (x 4 keys for scores, x 32 values for outputs: 8 accumulators, each
+   K/V load feeding two FMAs); more gained little. A query's numbers are the same whatever tile it is in. */
 #define SPAN_NQ 2
 
 #ifdef WP_SIMD
 /* NQ rows x 32 columns of a small product in registers: acc[j][k] holds columns 8k..8k+7 of the sum over
    i < n, in order, of a[j][i] times the 32 floats at m + i * ldm + off (one fused multiply-add chain each).
-   Scores: queries times Kt's columns; outputs: softmax weights times Vs's rows. */
+   Here: softmax weights times Vs's rows. */
 AI void span_product(const float *const a[SPAN_NQ], const float *m, int ldm, int off, int n, const int NQ,
                      __m256 acc[SPAN_NQ][4]) {
     for (int j = 0; j < NQ; j++)
@@ -143,33 +143,51 @@ AI void span_product(const float *const a[SPAN_NQ], const float *m, int ldm, int
         for (int j = 0; j < NQ; j++) b[j] = _mm256_set1_ps(a[j][i]);
         const float *row = m + i * ldm + off;
         for (int k = 0; k < 4; k++) {
-            const __m256 v = _mm256_loadu_ps(row + 8 * k);
+            __m256 v = _mm256_loadu_ps(row + 8 * k);
+            __asm__("" : PIN(v)); /* one load for the NQ rows */
             for (int j = 0; j < NQ; j++) acc[j][k] = _mm256_fmadd_ps(b[j], v, acc[j][k]);
         }
     }
 }
 #endif
 
-/* NQ query heads q[0..NQ) (hd floats each) over nv keys of a span staged in Kt [hd][SPLIT] and Vs [SPLIT][hd]:
-   scores, softmax pieces and the unnormalized output into part[a * (hd + 2)..]. s holds NQ x SPLIT floats. */
-AI void span_queries(const float *const q[SPAN_NQ], int hd, const float *Kt, const float *Vs, int nv, float scale,
-                     float *s, float *part, const int NQ) {
 #ifdef WP_SIMD
-    for (int t = 0; t < nv; t += 32) { /* 32 keys x NQ queries in registers; Kt is zero-padded to SPLIT */
-        __m256 acc[SPAN_NQ][4];
-        span_product(q, Kt, SPLIT, t, hd, NQ, acc);
-        for (int a = 0; a < NQ; a++)
-            for (int k = 0; k < 4; k++)
-                _mm256_storeu_ps(s + a * SPLIT + t + 8 * k, _mm256_mul_ps(acc[a][k], _mm256_set1_ps(scale)));
-    }
-#else
-    for (int a = 0; a < NQ; a++)
-        for (int t = 0; t < nv; t++) {
-            float v = 0.f;
-            for (int d = 0; d < hd; d++) v += q[a][d] * Kt[d * SPLIT + t];
-            s[a * SPLIT + t] = v * scale;
+/* Scores of NQ queries against keys t..t+3 (rows of Ks, hd floats each) in one_row's order, so that a chunk's row
+   gets a decode row's numbers: 8 lane chains over d, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). */
+AI void span_scores4(const float *const q[SPAN_NQ], const float *Ks, int hd, int t, float scale, float *s,
+                     const int NQ) {
+    __m256 acc[SPAN_NQ][4];
+    for (int j = 0; j < NQ; j++)
+        for (int u = 0; u < 4; u++) acc[j][u] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) {
+        __m256 k[4];
+        for (int u = 0; u < 4; u++) k[u] = _mm256_loadu_ps(Ks + (int64_t)(t + u) * hd + d);
+        for (int j = 0; j < NQ; j++) {
+            const __m256 qv = _mm256_loadu_ps(q[j] + d);
+            for (int u = 0; u < 4; u++) acc[j][u] = _mm256_fmadd_ps(qv, k[u], acc[j][u]);
         }
+    }
+    for (int j = 0; j < NQ; j++) {
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[j][0], acc[j][1]), _mm256_hadd_ps(acc[j][2], acc[j][3]));
+        const __m128 sc = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(s + j * SPLIT + t, _mm_mul_ps(sc, _mm_set1_ps(scale)));
+    }
+}
 #endif
+
+/* NQ query heads q[0..NQ) (hd floats each) over nv keys of a span staged in Ks and Vs [SPLIT][hd]: scores,
+   softmax pieces and the unnormalized output into part[a * (hd + 2)..], each in one_row's order (a row's numbers
+   are the same computed in a chunk or alone). s holds NQ x SPLIT floats. */
+AI void span_queries(const float *const q[SPAN_NQ], int hd, const float *Ks, const float *Vs, int nv, float scale,
+                     float *s, float *part, const int NQ) {
+    int t = 0;
+#ifdef WP_SIMD
+    if (hd % 8 == 0) /* one_row's groups of 8 keys; the rest one by one, as there */
+        for (; t < nv / 8 * 8; t += 4) span_scores4(q, Ks, hd, t, scale, s, NQ);
+#endif
+    for (; t < nv; t++)
+        for (int a = 0; a < NQ; a++)
+            s[a * SPLIT + t] = dot_kv(q[a], (const uint8_t *)(Ks + (int64_t)t * hd), hd, WP_KV_F32) * scale;
     const float *w[SPAN_NQ]; /* each query's softmax weights */
     for (int a = 0; a < NQ; a++) {
         float *sa = s + a * SPLIT;
@@ -186,59 +204,38 @@ AI void span_queries(const float *const q[SPAN_NQ], int hd, const float *Kt, con
         for (int a = 0; a < NQ; a++)
             for (int k = 0; k < 4; k++) _mm256_storeu_ps(part + a * (hd + 2) + 2 + d0 + 8 * k, acc[a][k]);
     }
+    for (; d0 + 8 <= hd; d0 += 8) /* as one_row's last values: one chain per value */
+        for (int a = 0; a < NQ; a++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int u = 0; u < nv; u++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(w[a][u]), _mm256_loadu_ps(Vs + u * hd + d0), acc);
+            _mm256_storeu_ps(part + a * (hd + 2) + 2 + d0, acc);
+        }
 #endif
     for (int a = 0; a < NQ; a++) {
         float *o = part + a * (hd + 2) + 2;
         for (int d = d0; d < hd; d++) o[d] = 0.f;
-        for (int t = 0; t < nv && d0 < hd; t++)
-            for (int d = d0; d < hd; d++) o[d] += w[a][t] * Vs[t * hd + d];
+        for (int u = 0; u < nv && d0 < hd; u++)
+            for (int d = d0; d < hd; d++) o[d] += w[a][u] * Vs[u * hd + d];
     }
 }
 
-#ifdef WP_SIMD
-/* Kt[d][t..t+8) for d in d0..d0+8 from 8 tokens' K rows (d0.. of each): an 8 x 8 transpose in registers. */
-AI void transpose8(const uint8_t *const k[8], int64_t d0, float *Kt, int t, const int KVT) {
-    const int ES = KVT == WP_KV_F32 ? 4 : 2;
-    __m256 r[8], u[8];
-    for (int i = 0; i < 8; i++) r[i] = kv8(k[i] + d0 * ES, KVT);
-    for (int i = 0; i < 8; i += 2)
-        u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44), r[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xEE);
-        r[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44), r[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        _mm256_storeu_ps(Kt + (d0 + i) * SPLIT + t, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(Kt + (d0 + i + 4) * SPLIT + t, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-    }
-}
-#endif
-
-/* K of a span transposed into Kt [hd][SPLIT] (zero-padded) and V copied into Vs [SPLIT][hd], as floats. */
+/* A span's K and V rows copied into Ks and Vs [SPLIT][hd] as floats. */
 AI void stage_span(const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0,
-                   int n, float *Kt, float *Vs, const int KVT) {
+                   int n, float *Ks, float *Vs, const int KVT) {
     const int ES = KVT == WP_KV_F32 ? 4 : 2;
+    const int64_t v_off = vc - kc;
     const uint8_t *k[SPLIT]; /* each token's K row (its V row at the same offset from vc) */
     for (int t = 0; t < n; t++) k[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok * ES;
-    const int64_t v_off = vc - kc;
     for (int t = 0; t < n; t++) {
         if (t + KV_PREFETCH < n)
             for (int o = 0; o < hd * ES; o += 64) {
                 __builtin_prefetch(k[t + KV_PREFETCH] + o);
                 __builtin_prefetch(k[t + KV_PREFETCH] + v_off + o);
             }
+        kv_row(Ks + t * hd, k[t], hd, KVT);
         kv_row(Vs + t * hd, k[t] + v_off, hd, KVT);
     }
-    int t = 0;
-#ifdef WP_SIMD
-    if (hd % 8 == 0)
-        for (; t + 8 <= n; t += 8)
-            for (int d = 0; d < hd; d += 8) transpose8(k + t, d, Kt, t, KVT);
-#endif
-    for (; t < n; t++)
-        for (int d = 0; d < hd; d++) Kt[d * SPLIT + t] = kv_at(k[t], d, KVT);
-    for (int d = 0; d < hd; d++)
-        for (int u = n; u < SPLIT; u++) Kt[d * SPLIT + u] = 0.f;
 }
 
 /* One task: the queries of one sequence's new rows (nrows x G heads of KV head g) over context tokens
@@ -247,11 +244,11 @@ AI void stage_span(const uint8_t *kc, const uint8_t *vc, const int32_t *table, i
    (hd values)]. */
 static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, const uint8_t *kc, const uint8_t *vc,
                         const int32_t *table, int bs, int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1,
-                        float *Kt, float *Vs, float *s, float *part, int kvt) {
+                        float *Ks, float *Vs, float *s, float *part, int kvt) {
     const int n = (int)(t1 - t0);
-    if (kvt == WP_KV_BF16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_BF16);
-    else if (kvt == WP_KV_F16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_F16);
-    else stage_span(kc, vc, table, bs, tok, hd, t0, n, Kt, Vs, WP_KV_F32);
+    if (kvt == WP_KV_BF16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_BF16);
+    else if (kvt == WP_KV_F16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_F16);
+    else stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_F32);
     /* The task's queries (row i's head j is query i * G + j, as in part) in register tiles of up to SPAN_NQ
        that see the same keys: all rows see a span wholly before the chunk, so a tile may take heads of
        several rows; near the chunk's own tokens, where each row sees fewer, a row's heads. */
@@ -270,8 +267,8 @@ static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, cons
         } else {
             const float *q[SPAN_NQ];
             for (int u = 0; u < c; u++) q[u] = qkv + (int64_t)((a + u) / G) * qkv_w + (a + u) % G * hd;
-            if (c == 2) span_queries(q, hd, Kt, Vs, nv, scale, s, pa, 2);
-            else span_queries(q, hd, Kt, Vs, nv, scale, s, pa, 1);
+            if (c == 2) span_queries(q, hd, Ks, Vs, nv, scale, s, pa, 2);
+            else span_queries(q, hd, Ks, Vs, nv, scale, s, pa, 1);
         }
         a += c;
     }

@@ -104,6 +104,14 @@ static inline float load_half(const uint8_t *p) {
 }
 
 #ifdef WP_SIMD
+/* Pins a value to a register (`__asm__("" : PIN(v))`): any of the 32 with AVX-512 ("v"), of the 16 AVX2 ones ("x")
+   otherwise; GCC can then neither spill a sum nor fold a load meant for several multiply-adds into each of them. */
+#ifdef __AVX512F__
+#define PIN(v) "+v"(v)
+#else
+#define PIN(v) "+x"(v)
+#endif
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -107,12 +107,6 @@ AI void tile(const int TYPE, const uint8_t *w, int64_t gs, const float *x, int64
    nibbles unpacked to bytes in registers (0..15), a block's 8 products per 16-bit lane summed there (< 32,767).
    Q8_0: signed weights, so |w| times x with w's sign (vpsignb), each product pair widened to 32 bits at once
    (two would overflow 16). */
-/* Pins a sum to a register: any of the 32 with AVX-512 ("v"), of the 16 AVX2 ones ("x") otherwise. */
-#ifdef __AVX512F__
-#define PIN(v) "+v"(v)
-#else
-#define PIN(v) "+x"(v)
-#endif
 AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx,
                 const float *xs, const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
     const int64_t nb = K / 32, bb = block_bytes(TYPE);
