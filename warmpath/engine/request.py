@@ -127,6 +127,12 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def decoding(self) -> bool:
+        """Its next row is its last output token's (a decode), not a prompt token's: a prompt's last token computed
+        alone, after a cache hit or a chunk that left one, is still the prompt's time to first token."""
+        return bool(self.output_token_ids) and self.num_computed_tokens + 1 == self.num_tokens
+
+    @property
     def finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 

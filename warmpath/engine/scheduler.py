@@ -55,17 +55,6 @@ class SchedulerStats:
     num_computed_tokens: int = 0  # tokens run through the model (prompt chunks, recomputes, decodes)
 
 
-def chunk_size(remaining: int, budget: int) -> int:
-    """How many of a sequence's remaining tokens to compute now. Never a chunk of one token but a decode's: the
-    native kernel attends a lone row by another summation than a chunk's rows, so a prompt token computed alone
-    would make a request's numbers depend on where its prompt was cut (by the budget, or by the cached prefix).
-    0: wait for the next step."""
-    n = min(remaining, budget)
-    if remaining > 1 and remaining - n == 1:
-        n -= 1  # leave two, not one, for the next chunk
-    return 0 if n == 1 and remaining > 1 else n
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool):
         self.config = config
@@ -123,10 +112,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = chunk_size(req.num_tokens - req.num_computed_tokens, budget)
-            if n == 0:  # the budget left would split off a one-token chunk: next step
-                i += 1
-                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
             drafts = self._drafts(req, n, budget)
             if not self._grow(req, n + drafts, out):
                 break  # req itself was preempted (it was the newest): nothing after it runs either
@@ -152,7 +138,7 @@ class Scheduler:
     def _drafts(self, req: Request, n: int, budget: int) -> int:
         """How many of a decode's guessed tokens to verify this step: what the budget and the free blocks allow
         (guesses never preempt anyone)."""
-        if not req.draft_token_ids or n != 1 or req.num_computed_tokens + 1 != req.num_tokens:
+        if not req.draft_token_ids or n != 1 or not req.decoding:
             return 0
         k = min(len(req.draft_token_ids), budget - 1)
         have = len(req.block_ids) + self.pool.num_free
@@ -198,14 +184,11 @@ class Scheduler:
     def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
         tokens = req.all_token_ids
         req.block_hashes = self.pool.hashes(tokens, req.block_hashes, req.cache_salt)
-        # At least the last two tokens are always computed (the last one's logits give the next token): a prompt
-        # token is never computed alone, see chunk_size.
-        usable = req.block_hashes[: max(0, req.num_tokens - 2) // self.block_size]
+        # At least the last token is always computed: its logits give the next token.
+        usable = req.block_hashes[: (req.num_tokens - 1) // self.block_size]
         hit = self.pool.find_cached_prefix(tokens, usable)
         num_cached = len(hit) * self.block_size
-        n = chunk_size(req.num_tokens - num_cached, budget)
-        if n == 0:
-            return False
+        n = min(req.num_tokens - num_cached, budget)
         need = self._blocks_for(num_cached + n) - len(hit)
         if need > self.pool.num_free - self.pool.num_evictable_among(hit):
             return False

@@ -39,7 +39,7 @@ class Speculator:
         keeps what this machine verifies faster than it decodes; none in a step with more decoding requests than
         speculative_max_seqs, and none while a prompt waits or is being computed (`waiting`: requests queued):
         a step carrying someone's prompt is their time to first token, and guesses would make it longer."""
-        decoding = [r for r in running if r.num_computed_tokens + 1 == r.num_tokens]
+        decoding = [r for r in running if r.decoding]
         if len(decoding) > self.max_seqs or waiting or len(decoding) < len(running):
             return
         ks = []
