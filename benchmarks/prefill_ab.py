@@ -26,10 +26,9 @@ sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[1] + "/benchmarks")
 from common import code_windows
 from warmpath import LLM, SamplingParams
-from warmpath.models.registry import load_tokenizer, resolve_model
 sizes, repeats = [int(n) for n in sys.argv[2].split(",")], int(sys.argv[3])
 llm = LLM("smollm2")
-tok = load_tokenizer(resolve_model("smollm2"))
+tok = llm.get_tokenizer()  # (older checkouts have no registry.load_tokenizer)
 sp = SamplingParams(max_tokens=1, temperature=0)
 def ttft(ids):
     return llm.generate({"prompt_token_ids": ids}, sp)[0].metrics.ttft
