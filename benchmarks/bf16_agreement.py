@@ -22,16 +22,21 @@ DATA = Path(__file__).parents[1] / "tests" / "data" / "greedy_reference.json"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--kernel-activations", default="fp32", choices=["fp32", "int8"])
-    ap.add_argument("--json", default=None, help="default: benchmarks/results/{bf16,int8}_agreement.json")
+    ap.add_argument("--kernel-activations", default="fp32", choices=["fp32", "int8", "auto"],
+                    help="auto with --dtype auto: the default configuration, i.e. the plan measured on this machine")
+    ap.add_argument("--json", default=None, help="default: benchmarks/results/{bf16,int8,plan}_agreement.json")
     args = ap.parse_args()
-    mode = "int8 activations" if args.kernel_activations == "int8" else args.dtype
-    kind = "int8" if args.kernel_activations == "int8" else "bf16"
+    planned = args.dtype == "auto" and args.kernel_activations == "auto"
+    mode = "the plan" if planned else "int8 activations" if args.kernel_activations == "int8" else args.dtype
+    kind = "plan" if planned else "int8" if args.kernel_activations == "int8" else "bf16"
     json_path = args.json or f"benchmarks/results/{kind}_agreement.json"
     cases = json.loads(DATA.read_text())["cases"]
     llm = LLM("smollm2", dtype=args.dtype, kernel_activations=args.kernel_activations)
     if args.kernel_activations == "int8" and (llm.engine.runner.native is None):
         raise SystemExit("int8 activations need the native kernel (a float32 model on the CPU)")
+    if planned:
+        plan = llm.engine.plan
+        mode = f"the plan ({plan.native or ''}{' + ' + plan.torch if plan.torch else ''})"
     sp = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": c["prompt_ids"]} for c in cases], sp)
     rows = []
