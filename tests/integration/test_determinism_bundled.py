@@ -13,6 +13,7 @@ import pytest
 from server_harness import serve_process
 
 from warmpath.engine.plan import DETERMINISTIC
+from warmpath.kernels.native import bf16_attention
 
 
 def real_code_prompts(n: int = 40) -> list[str]:
@@ -37,6 +38,8 @@ async def complete_all(url: str, prompts: list[str], concurrency: int) -> list[s
 
 @pytest.mark.parametrize("plan", DETERMINISTIC)
 def test_greedy_text_repeats_whatever_the_batch_and_the_cache(plan):
+    if plan == "native-int8-bf16attn" and not bf16_attention():
+        pytest.skip("no bf16 attention on this CPU (AMX or AVX512-BF16)")
     prompts = real_code_prompts()
     with serve_process("--plan", plan) as (url, _):
         cold8 = asyncio.run(complete_all(url, prompts, 8))

@@ -1,7 +1,8 @@
 """The native kernel on AMX tiles (Sapphire Rapids and later; skipped on CPUs without them): int8-activation
-products of many rows bit for bit those of the register tiles, and a chunk's bf16 attention (int8 activations over
-a bf16 cache) the same for a prompt whatever its chunking, close to the fp32 attention, on the bundled model. A last
-token computed alone gets its chunk's logits on every CPU, with either attention."""
+products of many rows bit for bit those of the register tiles. The bf16 attention (int8 activations over a bf16
+cache; on AMX tiles, or AVX512-BF16 dot products where a CPU has those but no AMX, or AMX is turned off) the same for
+a prompt whatever its chunking, close to the fp32 attention, on the bundled model. A last token computed alone gets
+its chunk's logits on every CPU, with either attention."""
 
 import ctypes
 import sys
@@ -73,8 +74,24 @@ def prefill(kernel: NativeForward, ids: list[int], cuts: tuple[int, ...], attent
     return logits, kernel.kv_cache.clone()
 
 
-def test_amx_chunk_attention_is_the_same_whatever_the_chunking(amx, bundled):
-    """One chunk, or several over what is cached (a tile of 16 queries then holds rows of two chunks' worth of
+@pytest.fixture(params=["AMX tiles", "AVX512-BF16"])
+def bf16_attention(request):
+    """Each bf16 attention this CPU has: AMX tiles where it has them, AVX512-BF16 with AMX turned off (or absent);
+    "fp32" (where a test asks for it): the fp32 attention, on every CPU."""
+    lib = native.load_library()
+    if request.param == "fp32":
+        yield 0
+        return
+    lib.wp_set_amx(int(request.param == "AMX tiles"))
+    if native.bf16_attention() != request.param:
+        lib.wp_set_amx(1)
+        pytest.skip(f"no {request.param} attention on this CPU")
+    yield 1  # the model's attention flag
+    lib.wp_set_amx(1)
+
+
+def test_bf16_chunk_attention_is_the_same_whatever_the_chunking(bf16_attention, bundled):
+    """One chunk, or several over what is cached (a tile of queries then holds rows of two chunks' worth of
     positions, and cuts fall inside blocks of keys): the same K/V and logits, bit for bit; as close to the exact fp32
     pass as the fp32 attention over the same int8 products is (bf16 queries and weights: no worse than that)."""
     kernel, exact, ids = bundled
@@ -84,20 +101,19 @@ def test_amx_chunk_attention_is_the_same_whatever_the_chunking(amx, bundled):
         logits, kv = prefill(kernel, ids, cuts, 1)
         assert torch.equal(logits, whole) and torch.equal(kv, cache)
     fp32_attention, _ = prefill(kernel, ids, (700,), 0)
-    assert not torch.equal(whole, fp32_attention)  # the AMX path ran
+    assert not torch.equal(whole, fp32_attention)  # the bf16 path ran
     exact.kv_cache.zero_()
     ref = exact.forward([ids], [0], [list(range(44))])
     assert (whole - ref).abs().max() < 1.5 * (fp32_attention - ref).abs().max()
     assert whole.argmax(-1).item() in ref.topk(2).indices[0].tolist()  # the reference's top two are 0.08 apart
 
 
-@pytest.mark.parametrize("attention", [0, 1], ids=["fp32-attention", "amx-attention"])
-def test_a_last_token_alone_gets_the_logits_it_gets_inside_a_chunk(attention, bundled):
+@pytest.mark.parametrize("bf16_attention", ["fp32", "AMX tiles", "AVX512-BF16"], indirect=True)
+def test_a_last_token_alone_gets_the_logits_it_gets_inside_a_chunk(bf16_attention, bundled):
     """A prompt whose cached prefix leaves one token (or whose last chunk is one token), and a decode row: the same
-    logits as when that token is a chunk's last row. The fp32 attention (every CPU without AMX: the default plan's
-    int8 activations over a bf16 cache) as well as the AMX one."""
-    if attention and not native.load_library().wp_set_amx(1):
-        pytest.skip("no AMX tiles on this CPU (or the OS refuses them)")
+    logits as when that token is a chunk's last row. The fp32 attention (native-int8's) and each bf16 one this CPU
+    has (native-int8-bf16attn's)."""
+    attention = bf16_attention
     kernel, _, ids = bundled
     whole, cache = prefill(kernel, ids, (700,), attention)
     logits, kv = prefill(kernel, ids, (699, 1), attention)

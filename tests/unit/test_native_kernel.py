@@ -468,30 +468,45 @@ def test_embedding_rows_from_packed_blocks_equal_the_tables(fmt, int8, tmp_path,
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-def test_chunks_over_a_context_whatever_the_chunking(tmp_path, kv_dtype, kernel_build):
+@pytest.mark.parametrize(("kv_dtype", "attention", "head_dim"),
+                         [(torch.float32, 0, 16), (torch.bfloat16, 0, 16), (torch.bfloat16, 1, 64),
+                          (torch.bfloat16, 1, 128)],
+                         ids=["fp32-cache", "bf16-cache", "bf16-attention", "bf16-attention-hd128"])
+def test_chunks_over_a_context_whatever_the_chunking(tmp_path, kv_dtype, attention, head_dim, kernel_build):
     """Three query heads per KV head (register tiles then take heads of two rows): a prompt computed in one
     chunk or in several over what is cached gives the same K/V and last logits, bit for bit, and the torch
     model's (fp32 KV: to summation order). A last chunk of one token (a cache hit that leaves one) is a decode
-    row's work: the same numbers too."""
+    row's work: the same numbers too. With the bf16 attention as well (AVX512-BF16 or AMX where this build has one:
+    other numbers than the fp32 attention's; the fp32 spans otherwise)."""
     path = write_tiny_hf(tmp_path / "g3", "llama", num_attention_heads=6, num_key_value_heads=2,
-                         max_position_embeddings=1024)
+                         max_position_embeddings=1024, head_dim=head_dim)
     ckpt = load_checkpoint(str(path), torch.float32)
     cfg = ckpt.config
     assert cfg.num_heads // cfg.num_kv_heads == 3
     kv = allocate_kv_cache(cfg, 64, 16, kv_dtype, "cpu")
     kernel = NativeForward(cfg, ckpt.weights, {}, kv, 16)
     prompt, table = step_inputs(400, 0)
-    results = []
-    for cuts in ((400,), (64, 336), (150, 7, 243), (333, 65, 2), (399, 1), (150, 249, 1)):
+
+    def run(cuts: tuple[int, ...], flag: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kernel.model.attention = flag  # the flag alone picks the attention (fp32 activations here)
         kv.zero_()
         start = 0
         for n in cuts:
             logits = kernel.forward([prompt[start:start + n]], [start], [table])
             start += n
-        results.append((logits, kv.clone()))
+        return logits, kv.clone()
+
+    results = [run(cuts, attention) for cuts in ((400,), (64, 336), (150, 7, 243), (333, 65, 2), (399, 1),
+                                                  (150, 249, 1))]
     for logits, cache in results[1:]:
         assert torch.equal(logits, results[0][0]) and torch.equal(cache, results[0][1])
+    if attention:  # as close to the exact fp32 pass as the fp32 attention over the same bf16 cache is, or nearly
+        fp32_attention = run((400,), 0)[0]
+        assert torch.equal(results[0][0], fp32_attention) == (native.bf16_attention() is None)
+        exact = ModelRunner(LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu"),
+                            allocate_kv_cache(cfg, 64, 16, torch.float32, "cpu"), 16)
+        ref = exact.forward([SeqInput(prompt, 0, table)])
+        assert (results[0][0] - ref).abs().max() < 2 * (fp32_attention - ref).abs().max()
     if kv_dtype == torch.float32:
         runner = ModelRunner(LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu"), kv, 16)
         kv.zero_()

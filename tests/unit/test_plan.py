@@ -1,6 +1,8 @@
 """The planner with recorded timings (no measuring): the fastest eligible backend per shape class, one
 deterministic backend by default, a mix only when nondeterminism is allowed, the nearest class for a step's
-real shape, and plans saved and loaded as they were."""
+real shape, and plans saved and loaded as they were. Timings of three CPUs: Sapphire Rapids (AMX), an Intel of the
+Emerald Rapids kind whose VM shows AVX512-BF16 but no AMX, and that one as a CPU without a bf16 attention would
+time it (no such column: an AVX2-only EPYC)."""
 
 import json
 import math
@@ -8,9 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from warmpath.engine.plan import BACKENDS, CHUNK_SHAPES, DECODE_SHAPES, Plan, choose, chunk_key, decode_key, single
+from warmpath.engine.plan import (
+    BACKENDS,
+    CHUNK_SHAPES,
+    DECODE_SHAPES,
+    DETERMINISTIC,
+    Plan,
+    choose,
+    chunk_key,
+    decode_key,
+    native_options,
+    single,
+)
 
-SPR = json.loads((Path(__file__).parents[1] / "data" / "plan_timings_spr.json").read_text())["backends"]
+DATA = Path(__file__).parents[1] / "data"
+SPR = json.loads((DATA / "plan_timings_spr.json").read_text())["backends"]
+EMR = json.loads((DATA / "plan_timings_emr.json").read_text())["backends"]  # AVX512-BF16, no AMX
 
 
 def fastest(timings, kind, key, among=BACKENDS):
@@ -78,3 +93,36 @@ def test_named_plans_cover_every_class():
     with pytest.raises(ValueError, match="plan must be"):
         single("fast")
     assert all(math.isfinite(v) for t in SPR.values() for k in t.values() for v in k.values())
+
+
+def geomean(timings, backend):
+    times = [ms for kind in timings[backend].values() for ms in kind.values()]
+    return math.exp(sum(map(math.log, times)) / len(times))
+
+
+def test_the_bf16_attention_is_chosen_where_it_measured_faster_and_not_where_it_is_missing():
+    """On the AVX512-BF16 machine the bf16 attention was faster for long chunks, level for decodes: the plan takes
+    it, by the geometric mean over every shape, and allowed to mix it takes nothing more (it is the fastest on every
+    shape there). Without that column (an AVX2 CPU has no such candidate) the plan is native-int8."""
+    plan = choose(EMR)
+    assert plan.backends == ["native-int8-bf16attn"] and plan.deterministic
+    assert min(DETERMINISTIC, key=lambda b: geomean(EMR, b)) == "native-int8-bf16attn"
+    for key in ("128@2048", "512@2048", "512@6144"):
+        assert EMR["native-int8-bf16attn"]["chunk"][key] < 0.8 * EMR["native-int8"]["chunk"][key]
+    mixed = choose(EMR, allow_nondeterministic=True)
+    for kind, choice in (("decode", mixed.decode), ("chunk", mixed.chunk)):
+        for key, backend in choice.items():
+            assert backend == fastest(EMR, kind, key, [b for b in BACKENDS if b in mixed.backends]), (kind, key)
+    without = {b: t for b, t in EMR.items() if b != "native-int8-bf16attn"}
+    assert choose(without).backends == ["native-int8"]
+    slower = {**EMR, "native-int8-bf16attn": {k: {s: 1.5 * ms for s, ms in v.items()}
+                                             for k, v in EMR["native-int8"].items()}}
+    assert choose(slower).backends == ["native-int8"]  # where it measures slower it is not taken
+
+
+def test_native_backend_names_say_the_kernels_options():
+    assert native_options("native-int8") == {"activations": "int8", "attention": "fp32"}
+    assert native_options("native-int8-bf16attn") == {"activations": "int8", "attention": "bf16"}
+    assert native_options("native-fp32") == {"activations": "fp32", "attention": "fp32"}
+    assert single("native-int8-bf16attn").deterministic and single("native-int8-bf16attn").native == \
+        "native-int8-bf16attn"

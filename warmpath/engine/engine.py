@@ -13,7 +13,7 @@ import torch
 
 from warmpath.config import EngineConfig
 from warmpath.engine.block_pool import BlockPool
-from warmpath.engine.plan import Plan, choose, single
+from warmpath.engine.plan import Plan, choose, native_options, single
 from warmpath.engine.plan_timing import load_or_measure
 from warmpath.engine.request import (
     FinishReason,
@@ -121,7 +121,7 @@ class Engine:
             native = None
             if self.plan.native is not None:
                 native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
-                                       activations=self.plan.native.removeprefix("native-"))
+                                       **native_options(self.plan.native))
         else:
             native = self._native_forward(config, ckpt)
         del ckpt  # the kernel keeps its own copies of what it reads
@@ -134,6 +134,7 @@ class Engine:
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
         if native is not None:
             native.attach_kv_cache(kv)
+            log.info("native kernel: %s activations, %s attention", native.activations, native.attention_kind)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan, config.thread_tuning)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)

@@ -14,10 +14,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-BACKENDS = ("native-int8", "native-fp32", "torch-bf16", "torch-fp32")
+# native-int8-bf16attn: int8 products with the attention in bf16 too (AMX tiles or AVX512-BF16 dot products: a
+# candidate only where the CPU has one), native-int8 with it in fp32.
+BACKENDS = ("native-int8", "native-int8-bf16attn", "native-fp32", "torch-bf16", "torch-fp32")
 # Batch- and chunk-invariant: a sequence's numbers never depend on what shares its step or on where its prompt
 # was cut into chunks, so a greedy request repeats whatever the load and the cache state (the kernel's tests).
-DETERMINISTIC = ("native-int8", "native-fp32")
+DETERMINISTIC = ("native-int8", "native-int8-bf16attn", "native-fp32")
 DECODE_SHAPES = ((1, 512), (4, 512), (16, 512), (64, 512), (1, 2048), (4, 2048), (16, 2048))  # rows, context
 CHUNK_SHAPES = tuple((k, c) for k in (8, 32, 128, 512) for c in (0, 2048, 6144))  # new tokens, cached tokens
 
@@ -42,7 +44,7 @@ class Plan:
     """One native backend and one torch backend at most (each holds its own weights), and per shape class which
     of them computes it."""
 
-    native: str | None  # "native-int8" | "native-fp32" | None
+    native: str | None  # "native-int8" | "native-int8-bf16attn" | "native-fp32" | None
     torch: str | None  # "torch-bf16" | "torch-fp32" | None
     decode: dict[str, str]  # decode shape key -> backend
     chunk: dict[str, str]  # chunk shape key -> backend
@@ -133,6 +135,12 @@ def _fastest(timings: Timings, members: list[str], kind: str) -> dict[str, str]:
     shapes = sorted({k for b in members for k in timings[b].get(kind, {})}, key=_parse)
     return {k: min((b for b in members if k in timings[b].get(kind, {})), key=lambda b: timings[b][kind][k])
             for k in shapes}
+
+
+def native_options(backend: str) -> dict[str, str]:
+    """The NativeForward arguments a native backend's name stands for."""
+    activations, _, attention = backend.removeprefix("native-").partition("-")
+    return {"activations": activations, "attention": "bf16" if attention == "bf16attn" else "fp32"}
 
 
 def single(backend: str, key: str = "") -> Plan:

@@ -29,11 +29,12 @@ from warmpath.engine.plan import (
     choose,
     chunk_key,
     decode_key,
+    native_options,
     single,
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.threads import machine_idle_s, others_share
-from warmpath.kernels.native import NativeForward, NativeKernelError
+from warmpath.kernels.native import NativeForward, NativeKernelError, bf16_attention
 from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
@@ -52,8 +53,11 @@ CODE = [Path(__file__).parents[1] / p for p in ("engine/runner.py", "engine/plan
 
 
 def candidates(native_available: bool) -> list[str]:
-    """What can run here: the native kernel where it builds; bf16 in torch where the CPU computes bf16."""
+    """What can run here: the native kernel where it builds (its bf16 attention where the CPU has AMX or
+    AVX512-BF16); bf16 in torch where the CPU computes bf16."""
     out = ["native-int8", "native-fp32"] if native_available else []
+    if native_available and bf16_attention():
+        out.insert(1, "native-int8-bf16attn")
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         out.append("torch-bf16")
     return [*out, "torch-fp32"]
@@ -169,7 +173,7 @@ def _runner(ckpt: Checkpoint, backend: str) -> ModelRunner:
         return ModelRunner(model, allocate_kv_cache(cfg, blocks, BLOCK, torch.bfloat16, "cpu"), BLOCK,
                            plan=single(backend))
     kv = allocate_kv_cache(cfg, blocks, BLOCK, torch.bfloat16, "cpu")  # the plan's one cache is 16-bit
-    native = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, BLOCK, activations=backend.removeprefix("native-"))
+    native = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, BLOCK, **native_options(backend))
     return ModelRunner(None, kv, BLOCK, native, plan=single(backend))
 
 

@@ -108,11 +108,23 @@ def load_library() -> ctypes.CDLL:
     lib.wp_matmul.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.wp_set_amx.restype = ctypes.c_int
     lib.wp_set_amx.argtypes = [ctypes.c_int]
+    lib.wp_bf16_attention.restype = ctypes.c_int
+    lib.wp_bf16_attention.argtypes = []
     lib.wp_store_kv.restype = None
     lib.wp_store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     lib.wp_matrix_rows.restype = None
     lib.wp_matrix_rows.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     return lib
+
+
+def bf16_attention() -> str | None:
+    """The bf16 attention this CPU runs (int8 activations over a bf16 cache): "AMX tiles", "AVX512-BF16" or None
+    (the kernel as built here; None where it does not build)."""
+    try:
+        kind = load_library().wp_bf16_attention()
+    except NativeKernelError:
+        return None
+    return {2: "AMX tiles", 1: "AVX512-BF16"}.get(kind)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -210,7 +222,7 @@ class NativeForward:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], quantized: dict[str, QuantizedMatrix],
                  kv_cache: torch.Tensor | None, block_size: int, weights_mode: str = "checkpoint",
-                 activations: str = "fp32"):
+                 activations: str = "fp32", attention: str = "auto"):
         """weights: the checkpoint's HF-named tensors, any float dtype (Checkpoint.weights); quantized: its
         Q4_1 / Q8_0 blocks (Checkpoint.quantized). The kernel keeps what it reads (packed matrices, fp32 norms,
         biases and RoPE table): nothing points into a torch model, which may be of any dtype or absent.
@@ -219,6 +231,8 @@ class NativeForward:
         activations: "fp32" (exact, the torch model's products up to summation order) or "int8" (the checkpoint's
         Q4_1 / Q8_0 products on int8-quantized activations, cpu/matmul.h "Int8 activations": faster, less precise;
         a model with neither, e.g. an fp32 HF directory, stays "fp32").
+        attention: "fp32", "bf16" (int8 activations over a bf16 cache, on a CPU with AMX or AVX512-BF16: bf16
+        products, cpu/attention_amx.h / attention_bf16.h) or "auto" (bf16 where it can run, else fp32).
         kv_cache: [layers, 2, blocks, block_size, kv_heads, head_dim] of float32, bfloat16 or float16 on the CPU;
         K/V are written rounded to its dtype as torch's .to() rounds. None: attach_kv_cache() before forward()."""
         cfg = config
@@ -227,6 +241,11 @@ class NativeForward:
         if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             raise NativeKernelError("unsupported attention shape for the native kernel")
         self.lib = load_library()
+        if attention not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"attention must be auto, fp32 or bf16, got {attention!r}")
+        if attention == "bf16" and (activations != "int8" or not bf16_attention()):
+            raise NativeKernelError("the bf16 attention needs int8 activations and a CPU with AMX or AVX512-BF16")
+        self.attention = attention
         self.config, self.block_size = cfg, block_size
         self.kv_cache: torch.Tensor | None = None
         self._keep: list[torch.Tensor] = []  # every tensor the C structs point into: what the kernel holds
@@ -307,9 +326,19 @@ class NativeForward:
             raise NativeKernelError(f"KV cache of shape {tuple(kv_cache.shape)}, expected a contiguous {shape}")
         self.kv_cache = kv_cache
         self.model.num_kv_blocks, self.model.kv_type = kv_cache.shape[2], KV_TYPES[kv_cache.dtype]
-        # Products that already round (int8 activations) over a bf16 cache: a chunk's attention in bf16 too, on AMX
-        # tiles where the CPU has them (cpu/attention_amx.h); fp32 otherwise.
-        self.model.attention = int(self.activations == "int8" and kv_cache.dtype == torch.bfloat16)
+        # Products that already round (int8 activations) over a bf16 cache: attention in bf16 too, on AMX tiles
+        # (cpu/attention_amx.h) or AVX512-BF16 dot products (cpu/attention_bf16.h) where the CPU has them and the
+        # plan chose it; fp32 otherwise (attention_kind says which).
+        if self.attention == "bf16" and kv_cache.dtype != torch.bfloat16:
+            raise NativeKernelError(f"the bf16 attention reads a bfloat16 KV cache; got {kv_cache.dtype}")
+        self.model.attention = int(self.attention != "fp32" and self.activations == "int8"
+                                   and kv_cache.dtype == torch.bfloat16)
+
+    @property
+    def attention_kind(self) -> str:
+        """What the attention computes in on this CPU: fp32, or bf16 on AMX tiles or AVX512-BF16 dot products."""
+        kind = bf16_attention() if self.model.attention else None
+        return f"bf16 ({kind})" if kind else "fp32"
 
     def forward(self, token_ids: list[list[int]], starts: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """Sequence i computes its new tokens token_ids[i] at positions starts[i], starts[i] + 1, ... (starts[i]

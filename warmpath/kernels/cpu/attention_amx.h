@@ -10,25 +10,13 @@
    caching and chunking change no token. */
 #pragma once
 
+#include "attention_bf16.h" /* exp512, transpose16 */
+
 #define AMX_KEYS 64 /* keys per block (attention.h sizes the staged V tiles by it on every build) */
 
 #if defined(WP_AMX) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define WP_AMX_ATTN 1
 #define AMX_Q 16 /* queries per task: one tile's columns */
-
-/* exp(x) for 16 floats, x >= -87.3 (clamped): 2^k times a degree-5 polynomial of 2^f, f in [-1/2, 1/2] (relative
-   error ~2e-6; the weights are rounded to bf16 after it). */
-static inline __m512 exp512(__m512 x) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(1.44269504088896341f));
-    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, k);
-    __m512 y = _mm512_set1_ps(1.3333558146e-3f);
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291076e-3f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504108665e-2f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022650696e-1f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718056e-1f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, k);
-}
 
 /* Every tile 16 rows x 64 bytes. Scores: 0, 4 K (16 keys x 32 dims), 1, 5 Q^T (16 dim pairs x 16 queries), 2, 3,
    6, 7 S^T (16 keys x 16 queries: a block's four quarters). Outputs: 1, 5 P (16 queries x 32 keys: the block's
@@ -65,29 +53,6 @@ static void amx_stage_v(const uint16_t *vc, const int32_t *table, int bs, int64_
             _mm512_storeu_si512(row + (h / 16) * 512, _mm512_permutex2var_epi16(a, lo, b));
             _mm512_storeu_si512(row + (h / 16 + 1) * 512, _mm512_permutex2var_epi16(a, hi, b));
         }
-    }
-}
-
-/* A 16 x 16 matrix of 32-bit elements, rows r[0..15], transposed in place. */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4)
-        for (int j = 0; j < 2; j++) {
-            r[i + 2 * j] = _mm512_unpacklo_epi64(t[i + j], t[i + 2 + j]);
-            r[i + 2 * j + 1] = _mm512_unpackhi_epi64(t[i + j], t[i + 2 + j]);
-        }
-    for (int i = 0; i < 16; i += 8)
-        for (int j = 0; j < 4; j++) {
-            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + 4 + j], 0x88);
-            t[i + 4 + j] = _mm512_shuffle_i32x4(r[i + j], r[i + 4 + j], 0xDD);
-        }
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
     }
 }
 

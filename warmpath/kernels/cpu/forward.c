@@ -146,6 +146,19 @@ int wp_set_amx(int on) {
 #endif
 }
 
+/* Which attention a model with WP_ATTN_BF16 over a bf16 cache gets here: 2 AMX tiles, 1 AVX512-BF16 dot products,
+   0 the fp32 spans (the startup line says it; tests pick their cases by it). */
+int wp_bf16_attention(void) {
+#ifdef WP_AMX_ATTN
+    if (amx_usable()) return 2;
+#endif
+#ifdef WP_BF16_ATTN
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* n floats -> KV elements of type kvt, as the forward pass writes them (tests of the rounding). */
 void wp_store_kv(void *dst, const float *src, int64_t n, int kvt) { store_kv((uint8_t *)dst, src, n, kvt); }
 
