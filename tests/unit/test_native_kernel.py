@@ -2,6 +2,7 @@
 weights' exact values, a decode step equals the torch model's up to summation order, a sequence's result does
 not depend on what it is batched with, and the engine mixes it with torch prefill correctly."""
 
+import ctypes
 import dataclasses
 import logging
 import os
@@ -101,6 +102,32 @@ def test_int8_activation_product_equals_its_reference(fmt, rows_of_x, kernel_bui
     # and close to the fp32 product: the activations' rounding is the only difference
     exact = x.double() @ q.dequantize().double().T
     assert (got - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+def test_512_bit_int8_tiles_give_the_256_bit_tiles_numbers(monkeypatch):
+    """Where the CPU has AVX512-VNNI, int8 products run two groups of outputs per 512-bit register: bit for bit the
+    256-bit tiles' outputs (a build with them off), for every row count of a step (tiles of 1-6 rows; 13 groups of
+    outputs: an odd last one; 100 outputs: a partial group)."""
+    if not {"avx512_vnni", "avx512bw"} <= set(native._cpu_flags().split()):
+        pytest.skip("no AVX512-VNNI on this CPU: the 256-bit tiles run everywhere")
+    builds = []
+    for extra in ([], ["-DWP_NO_I8_ZMM"]):
+        with monkeypatch.context() as m:
+            m.setattr(native, "CFLAGS", [*native.CFLAGS, *extra])
+            native.load_library.cache_clear()
+            builds.append(native.load_library())
+    native.load_library.cache_clear()
+    for fmt, outputs in (("q4_1", 104), ("q8_0", 104), ("q4_1", 100), ("q8_0", 100)):
+        q = random_blocks(fmt, outputs, 96, seed=7)
+        packed = native.pack(q, True)
+        mat = native._matrix(q, packed, None, True)
+        for rows in (1, 2, 3, 4, 5, 6, 7, 13, 100):
+            x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+            ys = [torch.empty(rows, outputs) for _ in builds]
+            for lib, y in zip(builds, ys, strict=True):
+                assert lib.wp_matmul(ctypes.byref(mat), x.data_ptr(), rows, y.data_ptr(), 2) == 0
+            assert torch.equal(ys[0], ys[1]), (fmt, rows)
+        torch.testing.assert_close(ys[0].double(), int8_activation_reference(q, x), rtol=1e-5, atol=1e-4)
 
 
 def test_gguf_blocks_are_kept_and_decode_to_the_loaded_weights(tmp_path):

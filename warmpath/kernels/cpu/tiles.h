@@ -189,6 +189,100 @@ AI void tile_i8(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
         for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * i, acc[i][r]);
 }
 
+#if defined(WP_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && !defined(WP_NO_I8_ZMM) /* tests: off */
+#define WP_I8_ZMM 1
+/* tile_i8 on 512-bit registers: P pairs of groups, a pair's 16 outputs side by side (group 2p in lanes 0-7, 2p+1 in
+   8-15). Every lane does what tile_i8 does for its output (the same integer sums, then the same fp32 chain over
+   blocks, the min term after), so a row's outputs are bit for bit tile_i8's whichever tile computes them. */
+AI void tile_i8z(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx,
+                 const float *xs, const int P, const int R, float *y, int64_t ldy, const uint8_t *pf) {
+    const int64_t nb = K / 32, bb = block_bytes(TYPE);
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[2][TILE_R];
+#pragma GCC unroll 2
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) acc[p][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        fetch_ahead(pf, b, 2 * P * bb);
+        const uint8_t *blk = w + b * bb;
+        const int8_t *xb = xq + b * 32;
+        __m512i s[2][TILE_R];
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) s[p][r] = _mm512_setzero_si512();
+        const int nv = TYPE == WP_Q4_1 ? 4 : 8, off = TYPE == WP_Q4_1 ? 32 : 16;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++)
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) {
+                const __m512i q = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2 * p * gs + off + 32 * v))),
+                    _mm256_loadu_si256((const __m256i *)(blk + (2 * p + 1) * gs + off + 32 * v)), 1);
+                if (TYPE == WP_Q4_1) {
+                    const __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+#pragma GCC unroll 6
+                    for (int r = 0; r < R; r++) {
+                        int32_t a, c;
+                        memcpy(&a, xb + r * K + 8 * v, 4);
+                        memcpy(&c, xb + r * K + 8 * v + 4, 4);
+                        s[p][r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[p][r], lo, _mm512_set1_epi32(a)), hi,
+                                                      _mm512_set1_epi32(c));
+                        __asm__("" : PIN(s[p][r]));
+                    }
+                } else { /* |q| times x with q's sign (a zero weight's product is 0 either way) */
+                    const __m512i aq = _mm512_abs_epi8(q);
+                    const __mmask64 neg = _mm512_movepi8_mask(q);
+#pragma GCC unroll 6
+                    for (int r = 0; r < R; r++) {
+                        int32_t a;
+                        memcpy(&a, xb + r * K + 4 * v, 4);
+                        const __m512i xa = _mm512_set1_epi32(a);
+                        s[p][r] =
+                            _mm512_dpbusd_epi32(s[p][r], aq, _mm512_mask_sub_epi8(xa, neg, _mm512_setzero_si512(), xa));
+                        __asm__("" : PIN(s[p][r]));
+                    }
+                }
+            }
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++) {
+            const __m512 d = _mm512_cvtph_ps(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2 * p * gs))),
+                                        _mm_loadu_si128((const __m128i *)(blk + (2 * p + 1) * gs)), 1));
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++)
+                acc[p][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])),
+                                            _mm512_cvtepi32_ps(s[p][r]), acc[p][r]);
+        }
+    }
+    if (TYPE == WP_Q4_1) { /* add_min_terms, a pair of groups per register */
+        __m512 mt[2][TILE_R];
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) mt[p][r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++)
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) {
+                const __m512 m = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 2 * p * gs + b * 160 + 16))),
+                    _mm_loadu_si128((const __m128i *)(w + (2 * p + 1) * gs + b * 160 + 16)), 1));
+#pragma GCC unroll 6
+                for (int r = 0; r < R; r++) mt[p][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[r * nb + b]), mt[p][r]);
+            }
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) acc[p][r] = _mm512_add_ps(acc[p][r], mt[p][r]);
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * ldy + 16 * p, acc[p][r]);
+}
+#endif
+
 /* Groups g0..g1 (whole groups of 8 rows; y at group g0's outputs) times R rows of x, fp32 (x) or int8 (INT8:
    xq, dx): the widest tile that keeps <= 12 accumulators (int8: sums and chains). */
 AI void tiles_t(const wp_matrix *W, const int TYPE, const int INT8, const float *x, const float *xs, const int8_t *xq,
@@ -202,7 +296,23 @@ AI void tiles_t(const wp_matrix *W, const int TYPE, const int INT8, const float 
         if (INT8) tile_i8(TYPE, W->data + g * gs, gs, xq, K, dx, xs, G_, R_, y + 8 * (g - g0), ldy, pf);   \
         else tile(TYPE, W->data + g * gs, gs, x, K, xs, G_, R_, y + 8 * (g - g0), ldy, pf);                \
     }
-#if defined(WP_VNNI) && defined(__AVX512F__)
+#if defined(WP_I8_ZMM)
+#define TILEZ(P_, R_)                                                                                              \
+    for (; g + 2 * P_ <= g1; g += 2 * P_) {                                                                        \
+        const uint8_t *next = W->data + (g + 2 * P_) * gs, *pf = fetch && next + 2 * P_ * gs <= end ? next : NULL; \
+        tile_i8z(TYPE, W->data + g * gs, gs, xq, K, dx, xs, P_, R_, y + 8 * (g - g0), ldy, pf);                    \
+    }
+    /* 32 512-bit registers: two pairs of groups x up to 6 rows (24 sums and chains), an odd last group on 256 */
+    if (INT8) switch (R) {
+            case 1: TILEZ(2, 1) TILEZ(1, 1) TILE(1, 1) break;
+            case 2: TILEZ(2, 2) TILEZ(1, 2) TILE(1, 2) break;
+            case 3: TILEZ(2, 3) TILEZ(1, 3) TILE(1, 3) break;
+            case 4: TILEZ(2, 4) TILEZ(1, 4) TILE(1, 4) break;
+            case 5: TILEZ(2, 5) TILEZ(1, 5) TILE(1, 5) break;
+            default: TILEZ(2, 6) TILEZ(1, 6) TILE(1, 6) break;
+        }
+#undef TILEZ
+#elif defined(WP_VNNI) && defined(__AVX512F__)
     /* 32 vector registers: tiles of up to 24 sums and chains */
     if (INT8) switch (R) {
             case 1: TILE(4, 1) TILE(1, 1) break;
