@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kernel-activations", default="fp32", choices=["fp32", "int8", "auto"],
                     help="auto with --dtype auto: the default configuration, i.e. the plan measured on this machine")
+    ap.add_argument("--plan", default="auto", help="a named plan (native-int8, native-int8-bf16attn, ...) instead "
+                    "of the one measured here; with --dtype auto --kernel-activations auto")
     ap.add_argument("--json", default=None, help="default: benchmarks/results/{bf16,int8,plan}_agreement.json")
     args = ap.parse_args()
     planned = args.dtype == "auto" and args.kernel_activations == "auto"
@@ -31,7 +33,7 @@ def main() -> None:
     kind = "plan" if planned else "int8" if args.kernel_activations == "int8" else "bf16"
     json_path = args.json or f"benchmarks/results/{kind}_agreement.json"
     cases = json.loads(DATA.read_text())["cases"]
-    llm = LLM("smollm2", dtype=args.dtype, kernel_activations=args.kernel_activations)
+    llm = LLM("smollm2", dtype=args.dtype, kernel_activations=args.kernel_activations, plan=args.plan)
     if args.kernel_activations == "int8" and (llm.engine.runner.native is None):
         raise SystemExit("int8 activations need the native kernel (a float32 model on the CPU)")
     if planned:

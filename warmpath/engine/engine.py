@@ -134,7 +134,6 @@ class Engine:
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
         if native is not None:
             native.attach_kv_cache(kv)
-            log.info("native kernel: %s activations, %s attention", native.activations, native.attention_kind)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan, config.thread_tuning)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)

@@ -243,8 +243,9 @@ class NativeForward:
         self.lib = load_library()
         if attention not in ("auto", "fp32", "bf16"):
             raise ValueError(f"attention must be auto, fp32 or bf16, got {attention!r}")
-        if attention == "bf16" and (activations != "int8" or not bf16_attention()):
-            raise NativeKernelError("the bf16 attention needs int8 activations and a CPU with AMX or AVX512-BF16")
+        if attention == "bf16" and (activations != "int8" or not bf16_attention() or config.head_dim not in (64, 128)):
+            raise NativeKernelError("the bf16 attention needs int8 activations, a head dim of 64 or 128 and a CPU "
+                                    "with AMX or AVX512-BF16")
         self.attention = attention
         self.config, self.block_size = cfg, block_size
         self.kv_cache: torch.Tensor | None = None
@@ -332,7 +333,8 @@ class NativeForward:
         if self.attention == "bf16" and kv_cache.dtype != torch.bfloat16:
             raise NativeKernelError(f"the bf16 attention reads a bfloat16 KV cache; got {kv_cache.dtype}")
         self.model.attention = int(self.attention != "fp32" and self.activations == "int8"
-                                   and kv_cache.dtype == torch.bfloat16)
+                                   and kv_cache.dtype == torch.bfloat16 and cfg.head_dim in (64, 128))
+        log.info("native kernel: %s activations, %s attention", self.activations, self.attention_kind)
 
     @property
     def attention_kind(self) -> str:
