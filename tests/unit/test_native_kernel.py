@@ -247,6 +247,24 @@ def test_kernel_settings(tiny_llama_dir):
     assert len(beside_bf16.generate("def f", GREEDY)[0].token_ids) == 12
 
 
+def test_the_bf16_attention_is_refused_where_it_cannot_run(tmp_path):
+    """A named plan asking for the bf16 attention gets a clear error, not the fp32 one in silence: without int8
+    activations, with a head dim it has no kernel for (the tiny model's 16), or on a CPU without AMX / AVX512-BF16."""
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    ckpt = load_checkpoint(str(path), torch.float32)
+    kv = allocate_kv_cache(ckpt.config, 16, 16, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="attention must be"):
+        NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16, activations="int8", attention="fast")
+    for activations in ("fp32", "int8"):
+        with pytest.raises(NativeKernelError, match="bf16 attention needs"):
+            NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16, activations=activations,
+                          attention="bf16")
+    auto = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16, activations="int8")
+    assert auto.attention_kind == "fp32"  # head dim 16: the fp32 spans, and the startup line says so
+    with pytest.raises(NativeKernelError, match="plan must be|bf16 attention needs"):
+        LLM(str(path), plan="native-int8-bf16attn", num_kv_blocks=16)
+
+
 def test_kernel_activations_settings(tiny_llama_dir, tmp_path):
     """fp32 activations when float32 is asked for (exact); int8 on request, for a checkpoint with quantized
     blocks; one without (an fp32 HF directory) has nothing to multiply in int8 and keeps fp32 (long chunks in
