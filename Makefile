@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The model `make serve` serves (a name of `warmpath fetch-model`); SmolLM2 stays the fast model of the tests.
+MODEL  ?= qwen2.5-coder-0.5b
 
 .PHONY: setup model serve test test-unit test-fleet lint bench
 
@@ -17,10 +19,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 model: $(STAMP)
-	$(BIN)/warmpath fetch-model
+	$(BIN)/warmpath fetch-model smollm2
+	$(BIN)/warmpath fetch-model $(MODEL)
 
 serve: setup
-	$(BIN)/warmpath serve $(ARGS)
+	$(BIN)/warmpath serve --model $(MODEL) $(ARGS)
 
 test: setup lint
 	$(BIN)/pytest -q --ignore=tests/fleet $(ARGS)

