@@ -1,0 +1,56 @@
+"""`warmpath serve --model qwen2.5-coder-0.5b` as `make serve` runs it (a subprocess, the real code model fetched
+by `make setup`, a real port): one fill-in-the-middle through every editor protocol gives the code's middle,
+the same greedy text cold and warm, and repo context before the prefix is cached on the next keystroke.
+A named plan keeps the test off the plan measurement (the measured plan has its own tests)."""
+
+import httpx
+import ollama
+import pytest
+from server_harness import serve_process
+
+PREFIX = "def fib(n):\n    if n < 2:\n        return n\n"
+SUFFIX = "\n\nprint(fib(10))\n"
+MIDDLE = "returnfib(n-1)+fib(n-2)"
+
+
+def has_middle(text: str) -> bool:
+    """The recursive case, however the model spaces it."""
+    return MIDDLE in text.replace(" ", "")
+
+
+@pytest.fixture(scope="module")
+def served():
+    with serve_process("--model", "qwen2.5-coder-0.5b", "--plan", "native-int8", "--num-kv-blocks", "512") as (url, _):
+        yield url
+
+
+def completion(url: str, **body) -> dict:
+    r = httpx.post(f"{url}/v1/completions", json={"max_tokens": 24, "temperature": 0, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_fim_through_every_editor_protocol(served):
+    openai_fim = completion(served, prompt=PREFIX, suffix=SUFFIX)
+    assert openai_fim["fim_mode"] == "qwen2.5-coder" and has_middle(openai_fim["choices"][0]["text"])
+    infill = httpx.post(f"{served}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24,
+                                                  "temperature": 0}, timeout=120)
+    assert infill.status_code == 200 and has_middle(infill.json()["content"]), infill.text
+    generated = ollama.Client(host=served).generate(model="qwen2.5-coder-0.5b", prompt=PREFIX, suffix=SUFFIX,
+                                                    options={"num_predict": 24, "temperature": 0})
+    assert has_middle(generated.response)
+    tabby = httpx.post(f"{served}/v1/completions", timeout=120,
+                       json={"language": "python", "segments": {"prefix": PREFIX, "suffix": SUFFIX}})
+    assert tabby.status_code == 200 and has_middle(tabby.json()["choices"][0]["text"]), tabby.text
+
+
+def test_the_same_greedy_middle_cold_and_warm_with_repo_context_cached(served):
+    extra = [{"filename": "fibs.py", "text": "from functools import cache\n\n\n@cache\ndef lucas(n):\n"
+                                             "    return 2 - n if n < 2 else lucas(n - 1) + lucas(n - 2)\n"}]
+    cold = completion(served, prompt=PREFIX, suffix=SUFFIX, extra=extra, user="carol")
+    warm = completion(served, prompt=PREFIX, suffix=SUFFIX, extra=extra, user="carol")
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"] and has_middle(cold["choices"][0]["text"])
+    prompt_tokens = cold["usage"]["prompt_tokens"]
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens - 16
+    typed = completion(served, prompt=PREFIX + "    ", suffix=SUFFIX, extra=extra, user="carol")  # a keystroke
+    assert typed["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
