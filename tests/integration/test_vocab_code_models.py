@@ -3,10 +3,10 @@ Qwen2, Llama 3, Refact, GPT-2 from the llama-cpp-python sdist): the same ids for
 special ids, the family's FIM template and stops found in the vocabulary."""
 
 import pytest
-from gguf import GGUFReader
 from llama_vocab import NAMES, fetch_vocabs, vocab_cases
 
 from warmpath.api.fim import repo_context
+from warmpath.models.gguf_file import read_gguf
 from warmpath.models.gguf_meta import read_tokenizer
 from warmpath.server.prompts import detect_fim, fim_stop_ids
 
@@ -17,7 +17,7 @@ def vocabs():
 
 
 def tokenizer(vocabs, name):
-    return read_tokenizer(GGUFReader(vocabs / f"ggml-vocab-{name}.gguf"))
+    return read_tokenizer(read_gguf(vocabs / f"ggml-vocab-{name}.gguf"))
 
 
 @pytest.mark.parametrize("name", NAMES)

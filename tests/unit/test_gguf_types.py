@@ -20,6 +20,7 @@ from warmpath import LLM
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.kernels.native import NativeForward
 from warmpath.models.ggml_blocks import BLOCK_TYPES, dequantize, raw_blocks
+from warmpath.models.gguf_file import read_gguf
 from warmpath.models.gguf_meta import read_config
 from warmpath.models.kernel_blocks import convert, kernel_kind, kernel_kinds
 from warmpath.models.kv_cache import allocate_kv_cache
@@ -104,7 +105,7 @@ def test_kernel_blocks_of_each_type(qtype):
     x = np.random.default_rng(3).normal(size=(16, 512)).astype(np.float32) * 0.05
     raw = QUANTIZERS[qtype.name](x)[0] if qtype.name in QUANTIZERS else gguf_quantize(x, qtype)
     values = dequantize(raw, qtype)
-    q = convert(raw_blocks(raw, qtype), qtype, values, 16, 512, kernel_kind(qtype))
+    q = convert(raw_blocks(raw, qtype), qtype, lambda: values, 16, 512, kernel_kind(qtype))
     assert q.kind == kernel_kind(qtype) and q.data.dtype == torch.uint8 and q.rows == 16
     got, exact = q.dequantize().reshape(-1), values
     if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0):
@@ -166,7 +167,7 @@ def test_rope_scaling_it_cannot_apply_is_refused(tmp_path):
     """DeepSeek-Coder's GGUFs carry linear RoPE scaling (x4): refused by name rather than computed wrong."""
     path, _, _ = write_gguf(tmp_path / "scaled.gguf", "llama", uniform(Q.Q8_0))
     reader = GGUFReader(path)
-    assert read_config(reader).architecture == "llama"
+    assert read_config(read_gguf(path)).architecture == "llama"
     import gguf
 
     w = gguf.GGUFWriter(str(tmp_path / "meta.gguf"), "llama")
@@ -179,4 +180,4 @@ def test_rope_scaling_it_cannot_apply_is_refused(tmp_path):
     w.write_kv_data_to_file()
     w.close()
     with pytest.raises(ValueError, match="RoPE scaling 'linear' x4 is not supported"):
-        read_config(GGUFReader(tmp_path / "meta.gguf"))
+        read_config(read_gguf(tmp_path / "meta.gguf"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: Mapping[str, torch.Tensor]  # a dict, or a GGUF file's tensors read on access (models/gguf.py)
     tokenizer: Tokenizer
     source: str
     # Quantized blocks of 2-D weights for the native kernel, HF-named: a GGUF file's own Q4_1 / Q8_0 blocks, or

@@ -5,16 +5,18 @@ vocabulary -> Tokenizer."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGUFReader
 
+from warmpath.config import ModelConfig
 from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.ggml_blocks import BLOCK_TYPES, SUPPORTED_TENSOR_TYPES, dequantize, raw_blocks
+from warmpath.models.gguf_file import GGUFTensor, read_gguf
 from warmpath.models.gguf_meta import read_config, read_tokenizer, tensor_type_counts
 from warmpath.models.kernel_blocks import convert, kernel_kinds
 from warmpath.models.quant import QuantizedMatrix
@@ -77,44 +79,76 @@ class _Progress:
             self.next += 0.1
 
 
+class GGUFWeights(Mapping[str, torch.Tensor]):
+    """A GGUF file's tensors in HF naming, dequantized each time one is read (from the mapped file).
+
+    The native kernel reads its matrices' blocks (Checkpoint.quantized) and from here only the norms, biases and
+    what it packs from fp32: a native plan never holds fp32 copies of the matrices. A torch model reads all."""
+
+    def __init__(self, tensors: dict[str, GGUFTensor], config: ModelConfig, dtype: torch.dtype):
+        self._tensors, self._config, self._dtype = tensors, config, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self._tensors[name]
+        w = dequantize(t.data, t.tensor_type).reshape(hf_shape(t))
+        heads = _rope_heads(self._config, name)
+        if heads:
+            w = unpermute_rope_rows(w, heads)
+        return w.to(self._dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def numel(self) -> int:
+        return sum(math.prod(t.shape) for t in self._tensors.values())
+
+
+def hf_shape(t: GGUFTensor) -> tuple[int, ...]:
+    return tuple(reversed(t.shape))  # GGUF lists dimensions innermost first
+
+
+def _rope_heads(config: ModelConfig, name: str) -> int | None:
+    """llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama architecture."""
+    if config.architecture != "llama":
+        return None
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return config.num_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return config.num_kv_heads
+    return None
+
+
 def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
-    reader = GGUFReader(path)
-    config = read_config(reader)
-    named = [(t, hf_name(t.name)) for t in reader.tensors]
-    for t, name in named:
-        if name is not None and t.tensor_type not in SUPPORTED_TENSOR_TYPES:
-            raise ValueError(f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name} (supported: "
-                             f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
-    kinds = kernel_kinds({name: t.tensor_type for t, name in named if name and len(t.shape) == 2})
-    progress = _Progress(path, sum(int(t.n_bytes) for t, name in named if name))
-    weights: dict[str, torch.Tensor] = {}
-    quantized: dict[str, QuantizedMatrix] = {}
-    for t, name in named:
+    file = read_gguf(path)
+    config = read_config(file)
+    tensors: dict[str, GGUFTensor] = {}
+    for t in file.tensors:
+        name = hf_name(t.name)
         if name is None:
             log.debug("skipping GGUF tensor %s", t.name)
             continue
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dimensions innermost first
-        data = np.asarray(t.data)
-        w = dequantize(data, t.tensor_type)
-        q = None
-        if len(shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES:
-            # The native kernel's blocks of this matrix (models/kernel_blocks.py: the file's own, or converted)
-            q = convert(raw_blocks(data, t.tensor_type), t.tensor_type, w, *shape, kinds[name])
-        w = w.reshape(shape)
-        # llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama architecture.
-        heads = None
-        if config.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            heads = config.num_heads
-        elif config.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            heads = config.num_kv_heads
-        if heads:
-            w = unpermute_rope_rows(w, heads)
-            q = q and q.map_rows(lambda r, h=heads: unpermute_rope_rows(r, h))
-        weights[name] = w.to(dtype)
-        if q is not None:
-            quantized[name] = q
-        progress.add(int(t.n_bytes))
-    types = tensor_type_counts(reader)
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name} (supported: "
+                             f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
+        tensors[name] = t
+    kinds = kernel_kinds({name: t.tensor_type for name, t in tensors.items() if len(t.shape) == 2})
+    progress = _Progress(path, sum(t.n_bytes for t in tensors.values()))
+    quantized: dict[str, QuantizedMatrix] = {}
+    for name, t in tensors.items():
+        if len(t.shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES:
+            # The native kernel's blocks of this matrix (models/kernel_blocks.py: the file's own, or converted;
+            # the fp32 values are computed only where blocks are requantized from them)
+            q = convert(raw_blocks(t.data, t.tensor_type), t.tensor_type,
+                        lambda t=t: dequantize(t.data, t.tensor_type), *hf_shape(t), kinds[name])
+            heads = _rope_heads(config, name)
+            if q is not None:
+                quantized[name] = q.map_rows(lambda r, h=heads: unpermute_rope_rows(r, h)) if heads else q
+        progress.add(t.n_bytes)
+    weights = GGUFWeights(tensors, config, dtype)
+    types = tensor_type_counts(file)
     log.info(
         "loaded %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %.1f M params, %s in %.1f s",
         path.name,
@@ -124,8 +158,8 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         config.num_heads,
         config.num_kv_heads,
         config.vocab_size,
-        sum(w.numel() for w in weights.values()) / 1e6,
+        weights.numel() / 1e6,
         " ".join(f"{n}x{k}" for k, n in sorted(types.items())),
         time.perf_counter() - progress.start,
     )
-    return Checkpoint(config, weights, read_tokenizer(reader), str(path), quantized, types)
+    return Checkpoint(config, weights, read_tokenizer(file), str(path), quantized, types)

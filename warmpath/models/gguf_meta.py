@@ -5,68 +5,62 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from gguf import GGUFReader
-
 from warmpath.config import ModelConfig
+from warmpath.models.gguf_file import GGUFFile, read_gguf
 from warmpath.models.tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 
-def gguf_field(reader: GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def read_config(reader: GGUFReader) -> ModelConfig:
-    arch = gguf_field(reader, "general.architecture")
+def read_config(reader: GGUFFile) -> ModelConfig:
+    arch = reader.field("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: {SUPPORTED_ARCHITECTURES})")
-    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
-    factor = float(gguf_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    scaling = reader.field(f"{arch}.rope.scaling.type", "none")
+    factor = float(reader.field(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     if scaling not in ("none", None) and factor != 1.0:  # e.g. DeepSeek-Coder 1.3B/6.7B: linear, 4x
         raise ValueError(f"RoPE scaling {scaling!r} x{factor:g} is not supported yet: its logits would be wrong")
-    hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
-    heads = int(gguf_field(reader, f"{arch}.attention.head_count"))
+    hidden = int(reader.field(f"{arch}.embedding_length"))
+    heads = int(reader.field(f"{arch}.attention.head_count"))
     names = {t.name for t in reader.tensors}
-    vocab = gguf_field(reader, f"{arch}.vocab_size") or len(gguf_field(reader, "tokenizer.ggml.tokens"))
+    vocab = reader.field(f"{arch}.vocab_size") or len(reader.field("tokenizer.ggml.tokens"))
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(gguf_field(reader, f"{arch}.feed_forward_length")),
-        num_layers=int(gguf_field(reader, f"{arch}.block_count")),
+        intermediate_size=int(reader.field(f"{arch}.feed_forward_length")),
+        num_layers=int(reader.field(f"{arch}.block_count")),
         num_heads=heads,
-        num_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(gguf_field(reader, f"{arch}.rope.dimension_count", hidden // heads)),
-        rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length", 2048)),
+        num_kv_heads=int(reader.field(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(reader.field(f"{arch}.rope.dimension_count", hidden // heads)),
+        rope_theta=float(reader.field(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(reader.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=int(reader.field(f"{arch}.context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
     )
 
 
-def read_tokenizer(reader: GGUFReader) -> Tokenizer:
-    kind = gguf_field(reader, "tokenizer.ggml.model")
+def read_tokenizer(reader: GGUFFile) -> Tokenizer:
+    kind = reader.field("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (byte-level BPE 'gpt2' only)")
-    merges = gguf_field(reader, "tokenizer.ggml.merges")
+    merges = reader.field("tokenizer.ggml.merges")
     if merges is None:
         raise ValueError("GGUF file has no tokenizer.ggml.merges")
     return Tokenizer.from_gguf_vocab(
-        tokens=list(gguf_field(reader, "tokenizer.ggml.tokens")),
-        token_types=[int(t) for t in gguf_field(reader, "tokenizer.ggml.token_type")],
+        tokens=list(reader.field("tokenizer.ggml.tokens")),
+        token_types=[int(t) for t in reader.field("tokenizer.ggml.token_type")],
         merges=list(merges),
-        pre=gguf_field(reader, "tokenizer.ggml.pre", "default"),
-        eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"),
-        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        chat_template=gguf_field(reader, "tokenizer.chat_template"),
+        pre=reader.field("tokenizer.ggml.pre", "default"),
+        eos_token_id=reader.field("tokenizer.ggml.eos_token_id"),
+        bos_token_id=reader.field("tokenizer.ggml.bos_token_id"),
+        add_bos=bool(reader.field("tokenizer.ggml.add_bos_token", False)),
+        chat_template=reader.field("tokenizer.chat_template"),
     )
 
 
-def tensor_type_counts(reader: GGUFReader) -> dict[str, int]:
+def tensor_type_counts(reader: GGUFFile) -> dict[str, int]:
     """The file's quant mix: tensors per GGUF type, e.g. {"Q4_K": 12, "Q5_0": 133, "F32": 121}."""
     return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
 
@@ -74,4 +68,4 @@ def tensor_type_counts(reader: GGUFReader) -> dict[str, int]:
 def quant_mix(path: str | Path) -> dict[str, int] | None:
     """tensor_type_counts of a GGUF file (its header only); None for anything else (an HF directory)."""
     path = Path(path)
-    return tensor_type_counts(GGUFReader(path)) if path.is_file() and path.suffix == ".gguf" else None
+    return tensor_type_counts(read_gguf(path)) if path.is_file() and path.suffix == ".gguf" else None

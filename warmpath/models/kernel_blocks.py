@@ -13,6 +13,8 @@ The fp32 weights the torch model computes with are always the file's exact value
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from gguf import GGMLQuantizationType
 
@@ -78,14 +80,14 @@ def kernel_kinds(types: dict[str, GGMLQuantizationType]) -> dict[str, str | None
     return kinds
 
 
-def convert(raw: torch.Tensor, qtype: GGMLQuantizationType, values: torch.Tensor, rows: int, cols: int,
-            kind: str | None) -> QuantizedMatrix | None:
-    """A tensor's raw blocks (uint8 [n_blocks, bytes]) and its exact fp32 values -> the kernel's blocks of `kind`
-    (kernel_kinds()), or None where the kernel reads fp32."""
+def convert(raw: torch.Tensor, qtype: GGMLQuantizationType, values: Callable[[], torch.Tensor], rows: int,
+            cols: int, kind: str | None) -> QuantizedMatrix | None:
+    """A tensor's raw blocks (uint8 [n_blocks, bytes]) -> the kernel's blocks of `kind` (kernel_kinds()), or None
+    where the kernel reads fp32. values() gives its exact fp32 values, called only where blocks are requantized."""
     if kind is None or cols % BLOCK:
         return None
     if kind != kernel_kind(qtype):  # a fused group's common kind
-        data = quantize_q8_0(values)
+        data = quantize_q8_0(values())
     elif qtype in (Q.Q4_1, Q.Q8_0):
         data = raw
     elif qtype == Q.Q4_0:  # w = d (q - 8) = d q + (-8 d): -8 d is exact in fp16, so is every sum
@@ -98,5 +100,5 @@ def convert(raw: torch.Tensor, qtype: GGMLQuantizationType, values: torch.Tensor
         sub = decode(raw, qtype)
         data = q4_1_blocks(sub.scale, sub.q, sub.offset)
     else:
-        data = quantize_q8_0(values)
+        data = quantize_q8_0(values())
     return QuantizedMatrix(kind, rows, cols, data.reshape(rows, -1).contiguous())

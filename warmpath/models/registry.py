@@ -219,8 +219,7 @@ def load_tokenizer(spec: str = "smollm2") -> Tokenizer:
         from warmpath.models.hf import read_hf_tokenizer
 
         return read_hf_tokenizer(path)
-    from gguf import GGUFReader
-
+    from warmpath.models.gguf_file import read_gguf
     from warmpath.models.gguf_meta import read_tokenizer
 
-    return read_tokenizer(GGUFReader(path))
+    return read_tokenizer(read_gguf(path))
