@@ -51,9 +51,9 @@ def kernel_build(request, portable_home, monkeypatch):
         march = "-march=haswell" if request.param == "avx2" else "-march=x86-64"
         monkeypatch.setattr(native, "CFLAGS", [f if f != "-march=native" else march for f in native.CFLAGS])
         monkeypatch.setenv("WARMPATH_HOME", str(portable_home / request.param))
-    native.load_library.cache_clear()
+    native._load_library.cache_clear()
     yield request.param
-    native.load_library.cache_clear()
+    native._load_library.cache_clear()
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "f32"])
@@ -114,9 +114,9 @@ def test_512_bit_int8_tiles_give_the_256_bit_tiles_numbers(monkeypatch):
     for extra in ([], ["-DWP_NO_I8_ZMM"]):
         with monkeypatch.context() as m:
             m.setattr(native, "CFLAGS", [*native.CFLAGS, *extra])
-            native.load_library.cache_clear()
+            native._load_library.cache_clear()
             builds.append(native.load_library())
-    native.load_library.cache_clear()
+    native._load_library.cache_clear()
     for fmt, outputs in (("q4_1", 104), ("q8_0", 104), ("q4_1", 100), ("q8_0", 100)):
         q = random_blocks(fmt, outputs, 96, seed=7)
         packed = native.pack(q, True)
@@ -288,7 +288,7 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_ll
                                                                          caplog):
     monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))  # no kernel built here yet
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    native.load_library.cache_clear()
+    native._load_library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
             llm = LLM(str(tiny_llama_dir), dtype="float32")
@@ -297,7 +297,7 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_native_says_why(tiny_ll
         with pytest.raises(NativeKernelError, match="no C compiler"):
             LLM(str(tiny_llama_dir), dtype="float32", kernel="native")
     finally:
-        native.load_library.cache_clear()
+        native._load_library.cache_clear()
 
 
 @pytest.mark.parametrize("kernel", ["native", "torch"])

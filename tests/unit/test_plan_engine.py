@@ -29,7 +29,7 @@ def test_a_saved_plan_is_reused_and_remeasured_when_the_cpu_model_or_code_change
     monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
     calls = []
 
-    def measure(ckpt, backends, progress=None):  # the Sapphire Rapids times stand in for this machine's
+    def measure(ckpt, backends, steps, eliminate=False, progress=None):  # Sapphire Rapids' times stand in
         calls.append(list(backends))  # (its file has no bf16 attention column: here twice native-int8's times)
         slower = {k: {s: 2 * ms for s, ms in v.items()} for k, v in SPR["native-int8"].items()}
         return {b: SPR[b] if b in SPR else slower for b in backends}

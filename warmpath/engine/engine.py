@@ -27,7 +27,14 @@ from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.engine.speculator import Speculator
-from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, load_library
+from warmpath.kernels.native import (
+    ACTIVATIONS,
+    KV_TYPES,
+    NativeForward,
+    NativeKernelError,
+    load_library,
+    start_building,
+)
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
@@ -96,6 +103,8 @@ class Engine:
         threads = config.num_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
         planned = wants_plan(config)
+        if config.device == "cpu":
+            start_building()  # the kernel compiles (first start) while the checkpoint loads
         self.dtype = torch.float32 if planned else resolve_dtype(config.dtype, config.device)
         ckpt = load_checkpoint(config.model, self.dtype)
         self.model_config = ckpt.config
@@ -121,7 +130,7 @@ class Engine:
             native = None
             if self.plan.native is not None:
                 native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
-                                       **native_options(self.plan.native))
+                                       **native_options(self.plan.native), source=ckpt.source)
         else:
             native = self._native_forward(config, ckpt)
         del ckpt  # the kernel keeps its own copies of what it reads
@@ -190,7 +199,7 @@ class Engine:
             activations = "int8" if config.dtype == "auto" else "fp32"
         try:
             native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
-                                   activations=activations)
+                                   activations=activations, source=ckpt.source)
         except NativeKernelError as e:
             if config.kernel == "native":
                 raise

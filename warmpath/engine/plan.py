@@ -22,6 +22,12 @@ BACKENDS = ("native-int8", "native-int8-bf16attn", "native-fp32", "torch-bf16", 
 DETERMINISTIC = ("native-int8", "native-int8-bf16attn", "native-fp32")
 DECODE_SHAPES = ((1, 512), (4, 512), (16, 512), (64, 512), (1, 2048), (4, 2048), (16, 2048))  # rows, context
 CHUNK_SHAPES = tuple((k, c) for k in (8, 32, 128, 512) for c in (0, 2048, 6144))  # new tokens, cached tokens
+# A deterministic plan is one backend for every shape, so it needs only which candidate is fastest: that is read
+# from the classes of a step of at most this much work (the cheap ones; a model's size scales which they are),
+# a candidate dropped once it trails the leader by MARGIN over at least MIN_SHAPES of them. A plan that mixes
+# backends per shape (nondeterminism allowed) times every class.
+SCREEN_GFLOP = 64.0
+MARGIN, MIN_SHAPES = 1.25, 4
 
 Timings = dict[str, dict[str, dict[str, float]]]  # backend -> "decode" | "chunk" -> shape key -> ms
 
@@ -32,6 +38,50 @@ def decode_key(rows: int, context: int) -> str:
 
 def chunk_key(new: int, cached: int) -> str:
     return f"{new}@{cached}"
+
+
+def step_gflop(cfg, kind: str, a: int, context: int) -> float:
+    """The work of one step of a class, in GFLOP: the products of every token computed (the head's on each
+    decoded row, on a chunk's last token) and the attention over its context. cfg: a ModelConfig."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    per_token = 2 * cfg.num_layers * (h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h
+                                      + 3 * h * cfg.intermediate_size)
+    head = 2 * h * cfg.vocab_size
+    per_context = 4 * cfg.num_layers * cfg.num_heads * d  # q.k and p.v, per token per context token
+    if kind == "decode":
+        return a * (per_token + head + per_context * context) / 1e9
+    return (a * (per_token + per_context * (context + a / 2)) + head) / 1e9
+
+
+def plan_steps(cfg, full: bool) -> list[tuple[str, str, int, int, int]]:
+    """(kind, key, rows, new tokens, cached tokens) of the classes to time, cheapest first: all of them
+    (`full`), else those of at most SCREEN_GFLOP. A model with a short context times a class at the longest
+    context it has (the class keeps its name)."""
+    def fit(cached: int, new: int) -> int:
+        return min(cached, max(0, (cfg.max_position_embeddings - new - 1) // 16 * 16))
+
+    steps = [("decode", decode_key(r, c), r, 1, fit(c, 1)) for r, c in DECODE_SHAPES]
+    steps += [("chunk", chunk_key(k, c), 1, k, fit(c, k)) for k, c in CHUNK_SHAPES]
+    work = {s[1]: step_gflop(cfg, s[0], s[2] if s[0] == "decode" else s[3], s[4]) for s in steps}
+    steps.sort(key=lambda s: work[s[1]])
+    return steps if full else [s for s in steps if work[s[1]] <= SCREEN_GFLOP]
+
+
+def trailing(timings: Timings, among: list[str]) -> list[str]:
+    """The candidates that trail the fastest by more than MARGIN (geometric mean of the ratios over the classes
+    both have times for, at least MIN_SHAPES of them): not worth timing further for a one-backend plan."""
+    def shapes(b: str) -> set[tuple[str, str]]:
+        return {(kind, k) for kind, t in timings[b].items() for k in t}
+
+    def ratio(b: str, leader: str) -> float:
+        common = shapes(b) & shapes(leader)
+        if len(common) < MIN_SHAPES:
+            return 1.0
+        return math.exp(sum(math.log(timings[b][kind][k] / timings[leader][kind][k]) for kind, k in common)
+                        / len(common))
+
+    leader = min(among, key=lambda b: ratio(b, among[0]))  # those timed alike share their classes
+    return [b for b in among if b != leader and ratio(b, leader) > MARGIN]
 
 
 def _parse(key: str) -> tuple[int, int]:
@@ -103,7 +153,8 @@ def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = ""
     """The fastest plan the timings allow. Deterministic (the default): one deterministic backend for every
     shape — mixing two would make a sequence's numbers depend on its step's size or its chunking. Otherwise any
     native backend with any torch backend, each shape to the faster of the two. Among candidate plans the one
-    with the lowest geometric mean of its per-shape times wins (fewer backends on a tie: less memory)."""
+    with the lowest geometric mean of its per-shape times wins (fewer backends on a tie: less memory); of one-backend
+    plans, one timed on more classes first (a screened measurement times a trailing candidate no further)."""
     have = [b for b in BACKENDS if b in timings]
     natives = [b for b in have if b.startswith("native")]
     torches = [b for b in have if b.startswith("torch")]
@@ -113,7 +164,7 @@ def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = ""
         pairs = [(n, None) for n in natives if n in DETERMINISTIC] or [(None, t) for t in torches]
     if not pairs:
         raise ValueError("no backend has timings to plan with")
-    best: tuple[float, int, Plan] | None = None
+    best: tuple = None
     for native, torch in pairs:
         members = [b for b in (native, torch) if b]
         choice = {kind: _fastest(timings, members, kind) for kind in ("decode", "chunk")}
@@ -121,6 +172,8 @@ def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = ""
         if not times:
             continue
         score = sum(math.log(max(t, 1e-6)) for t in times) / len(times)
+        if not allow_nondeterministic:  # a screened candidate timed on fewer classes was dropped as trailing
+            score = (-len(times), score)
         plan = Plan(native, torch, choice["decode"], choice["chunk"], timings,
                     all(b in DETERMINISTIC for b in members), key)
         if best is None or (score, len(members)) < best[:2]:

@@ -21,21 +21,19 @@ import torch
 from warmpath.config import warmpath_home
 from warmpath.engine.plan import (
     BACKENDS,
-    CHUNK_SHAPES,
-    DECODE_SHAPES,
     DETERMINISTIC,
     Plan,
     Timings,
     choose,
-    chunk_key,
-    decode_key,
     native_options,
+    plan_steps,
     single,
+    trailing,
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.threads import machine_idle_s, others_share
 from warmpath.kernels.native import NativeForward, NativeKernelError, bf16_attention
-from warmpath.models.checkpoint import Checkpoint
+from warmpath.models.checkpoint import Checkpoint, file_identity
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
 
@@ -68,7 +66,7 @@ def machine_key(ckpt: Checkpoint, threads: int) -> str:
     h = hashlib.sha256()
     h.update(_cpu_identity().encode())
     h.update(f"{torch.__version__} threads={threads} {platform.machine()}".encode())
-    h.update(_file_identity(Path(ckpt.source)).encode())
+    h.update(file_identity(Path(ckpt.source)).encode())
     for path in sorted(CODE) + sorted((Path(__file__).parents[1] / "kernels" / "cpu").glob("*.[ch]")):
         h.update(path.read_bytes())
     return h.hexdigest()[:20]
@@ -83,80 +81,82 @@ def _cpu_identity() -> str:
     return "\n".join(dict.fromkeys(keep))  # the first core's lines; the others repeat them
 
 
-def _file_identity(path: Path) -> str:
-    """Size and a hash of the first and last MiB (a whole multi-GB file would take seconds to hash)."""
-    if path.is_dir():
-        return "|".join(_file_identity(p) for p in sorted(path.glob("*.safetensors")))
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        h.update(f.read(1 << 20))
-    return f"{path.name}:{h.hexdigest()}"
-
-
 def plan_path(key: str) -> Path:
     return warmpath_home() / "plans" / f"{key}.json"
 
 
 def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allow_nondeterministic: bool,
-                    remeasure: bool = False, progress=sys.stderr) -> tuple[Plan, str]:
+                    remeasure: bool = False, full: bool = False, progress=sys.stderr) -> tuple[Plan, str]:
     """The plan for this machine and model, and where it came from ("loaded PATH" / "measured, saved to PATH").
     Only the backends the choice can use are timed: without nondeterminism allowed, the deterministic ones
-    (where the kernel builds); the others are timed the first time a plan may mix them in."""
+    (where the kernel builds) on the cheap classes until one leads (plan.plan_steps, plan.trailing); with it (or
+    `full`), every candidate on every class. Times already saved are kept: a plan that may mix backends later
+    times only what it lacks."""
     key = machine_key(ckpt, threads)
     path = plan_path(key)
+    full = full or allow_nondeterministic
+    steps = plan_steps(ckpt.config, full)
     timings = {} if remeasure or not path.exists() else Plan.load(path).timings
     wanted = [b for b in candidates(native_available)
               if allow_nondeterministic or b in DETERMINISTIC or not native_available]
-    missing = [b for b in wanted if b not in timings]
+
+    def measured(b: str) -> bool:  # a screened candidate was timed until it trailed or another led
+        return b in timings and (not full or all(k in timings[b].get(kind, {}) for kind, k, *_ in steps))
+
+    missing = [b for b in wanted if not measured(b)]
     if missing:
-        timings = {**timings, **measure(ckpt, missing, progress)}
+        got = measure(ckpt, missing, steps, eliminate=not full, progress=progress)
+        timings = {**timings, **{b: {kind: {**timings.get(b, {}).get(kind, {}), **t.get(kind, {})}
+                                     for kind in ("decode", "chunk")} for b, t in got.items()}}
         choose(timings, False, key).save(path)  # the timings are what is kept; the choice is made at load
     how = f"measured {', '.join(missing)}, saved to {path}" if missing else f"loaded {path}"
     return choose({b: t for b, t in timings.items() if b in wanted}, allow_nondeterministic, key), how
 
 
-def measure(ckpt: Checkpoint, backends: list[str], progress=sys.stderr) -> Timings:
-    """ms per step for each backend on each shape class that fits the model's context."""
-    cfg = ckpt.config
+def measure(ckpt: Checkpoint, backends: list[str], steps: list[tuple[str, str, int, int, int]],
+            eliminate: bool = False, progress=sys.stderr) -> Timings:
+    """ms per step for each backend on each of `steps` (plan.plan_steps)."""
     runners: dict[str, ModelRunner] = {}
     for backend in backends:
         try:
             runners[backend] = _runner(ckpt, backend)
         except NativeKernelError as e:
             log.warning("plan: %s cannot run here: %s", backend, e)
-    steps = [("decode", decode_key(r, c), r, 1, c) for r, c in DECODE_SHAPES]
-    steps += [("chunk", chunk_key(k, c), 1, k, c) for k, c in CHUNK_SHAPES]
-    # A model with a short context times a class at the longest context it has (the class keeps its name).
-    steps = [(kind, key, rows, new, min(cached, _fit(cfg.max_position_embeddings - new - 1)))
-             for kind, key, rows, new, cached in steps]
-    return time_steps(runners, steps, progress)
+    return time_steps(runners, steps, progress, eliminate=eliminate)
 
 
 def time_steps(runners: dict[str, ModelRunner], steps: list[tuple[str, str, int, int, int]], progress=sys.stderr,
                clock: Callable[[], float] = time.perf_counter,
-               cpu_clock: Callable[[], float] = time.process_time) -> Timings:
+               cpu_clock: Callable[[], float] = time.process_time, eliminate: bool = False) -> Timings:
     """Each shape on every backend in turn, ROUNDS times over, the fastest try kept: another process's burst of load
     then lands on all candidates of a shape alike (not on one backend's whole column), and a shape's tries are a
-    round apart, so a burst shorter than a round costs it one try. A machine busy throughout is said in a warning:
-    its plan is worth measuring again on a quiet one (`warmpath plan --remeasure`)."""
+    round apart, so a burst shorter than a round costs it one try. `eliminate` (a one-backend plan): a candidate
+    that trails the leader (plan.trailing) is timed no further, and timing ends when one is left. A machine busy
+    throughout is said in a warning: its plan is worth measuring again on a quiet one (`warmpath plan
+    --remeasure`)."""
     t0, c0, idle0 = clock(), cpu_clock(), machine_idle_s()
     got: Timings = {b: {"decode": {}, "chunk": {}} for b in runners}
     for runner in runners.values():
         _once(runner, _seqs(1, 8, 0), clock)  # warm-up: first calls allocate and build
+    active = list(runners)
     for round_ in range(ROUNDS):
         for kind, key, rows, new, cached in steps:
+            if eliminate and len(active) < 2:
+                break
             seqs = _seqs(rows, new, cached)
-            for backend, runner in runners.items():
+            for backend in active:
                 best = got[backend][kind].get(key)
                 if best is not None and best > SLOW_MS and round_ >= 2:
                     continue  # a slow step's third try would cost more than it tells
-                ms = _once(runner, seqs, clock)
+                ms = _once(runners[backend], seqs, clock)
                 got[backend][kind][key] = ms if best is None else min(best, ms)
-        print(f"plan: round {round_ + 1} of {ROUNDS}: {', '.join(runners)} timed on {len(steps)} step shapes "
-              f"({clock() - t0:.0f} s so far)", file=progress, flush=True)
+            if eliminate:
+                active = [b for b in active if b not in trailing(got, active)]
+        if progress is not None:
+            print(f"plan: round {round_ + 1} of {ROUNDS}: {', '.join(active)} timed on {len(steps)} step shapes "
+                  f"({clock() - t0:.0f} s so far)", file=progress, flush=True)
+        if eliminate and len(active) < 2:
+            break  # one candidate left: nothing to compare it with
     others = others_share(clock() - t0, cpu_clock() - c0, idle0, machine_idle_s(), os.cpu_count() or 1)
     if others > BUSY_SHARE:
         log.warning("plan: other processes used %.0f%% of the CPU while the plan was measured, so it may be off; "
@@ -173,12 +173,9 @@ def _runner(ckpt: Checkpoint, backend: str) -> ModelRunner:
         return ModelRunner(model, allocate_kv_cache(cfg, blocks, BLOCK, torch.bfloat16, "cpu"), BLOCK,
                            plan=single(backend))
     kv = allocate_kv_cache(cfg, blocks, BLOCK, torch.bfloat16, "cpu")  # the plan's one cache is 16-bit
-    native = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, BLOCK, **native_options(backend))
+    native = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, BLOCK, **native_options(backend),
+                           source=ckpt.source)  # packed once: the engine's kernel of the same backend reads it
     return ModelRunner(None, kv, BLOCK, native, plan=single(backend))
-
-
-def _fit(tokens: int) -> int:
-    return max(0, tokens // BLOCK * BLOCK)
 
 
 def _seqs(rows: int, new: int, cached: int) -> list[SeqInput]:

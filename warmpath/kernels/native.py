@@ -17,12 +17,14 @@ import os
 import platform
 import subprocess
 import tempfile
+import threading
 from functools import cache
 from pathlib import Path
 
 import torch
 
 from warmpath.config import ModelConfig, warmpath_home
+from warmpath.kernels.packed_cache import PackedCache, PackedMatrix, cache_path
 from warmpath.models.footprint import GROUP  # output rows per packed group: one AVX2 vector
 from warmpath.models.llama import rope_table
 from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_rows
@@ -77,9 +79,29 @@ def _source_digest() -> bytes:
     return h.digest()
 
 
-@cache
+_BUILDING = threading.Lock()  # one build at a time: the one start_building() began is waited for, not repeated
+
+
+def start_building() -> None:
+    """Build the kernel in the background (a compile of seconds, overlapping the model's load); load_library()
+    then waits for it. A failure is left for load_library() to raise where it is called."""
+    def build() -> None:
+        try:
+            load_library()
+        except NativeKernelError:
+            pass
+
+    threading.Thread(target=build, name="native-kernel-build", daemon=True).start()
+
+
 def load_library() -> ctypes.CDLL:
     """Compile cpu/forward.c for this CPU (once; cached under $WARMPATH_HOME/kernels) and load it."""
+    with _BUILDING:
+        return _load_library()
+
+
+@cache
+def _load_library() -> ctypes.CDLL:
     key = hashlib.sha256(_source_digest() + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = warmpath_home() / "kernels" / f"cpu_forward-{platform.machine()}-{key}.so"
     if not out.exists():
@@ -222,7 +244,7 @@ class NativeForward:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], quantized: dict[str, QuantizedMatrix],
                  kv_cache: torch.Tensor | None, block_size: int, weights_mode: str = "checkpoint",
-                 activations: str = "fp32", attention: str = "auto"):
+                 activations: str = "fp32", attention: str = "auto", source: str | None = None):
         """weights: the checkpoint's HF-named tensors, any float dtype (Checkpoint.weights); quantized: its
         Q4_1 / Q8_0 blocks (Checkpoint.quantized). The kernel keeps what it reads (packed matrices, fp32 norms,
         biases and RoPE table): nothing points into a torch model, which may be of any dtype or absent.
@@ -234,7 +256,9 @@ class NativeForward:
         attention: "fp32", "bf16" (int8 activations over a bf16 cache, on a CPU with AMX or AVX512-BF16: bf16
         products, cpu/attention_amx.h / attention_bf16.h) or "auto" (bf16 where it can run, else fp32).
         kv_cache: [layers, 2, blocks, block_size, kv_heads, head_dim] of float32, bfloat16 or float16 on the CPU;
-        K/V are written rounded to its dtype as torch's .to() rounds. None: attach_kv_cache() before forward()."""
+        K/V are written rounded to its dtype as torch's .to() rounds. None: attach_kv_cache() before forward().
+        source: the model file, whose packed matrices are then kept on disk for the next start (packed_cache.py);
+        `quantized` is then read only where they are not there yet."""
         cfg = config
         if weights_mode not in WEIGHTS_MODES:
             raise ValueError(f"weights_mode must be one of {WEIGHTS_MODES}, got {weights_mode!r}")
@@ -258,19 +282,24 @@ class NativeForward:
             self._keep.append(t)
             return t
 
-        def pick(names: list[str], bias_names: list[str] | None = None) -> Matrix:
+        store = PackedCache(None if source is None else cache_path(source, f"{weights_mode} {activations}"))
+
+        def packed(names: list[str], int8_allowed: bool = True) -> PackedMatrix:
             parts = [quantized.get(n) for n in names]
             q = concat_rows(parts) if weights_mode == "checkpoint" and all(p is not None for p in parts) else None
             if q is None:  # fused from the fp32 weights; pack() copies them
                 w = torch.cat([weights[n].detach().float() for n in names])
                 q = QuantizedMatrix("f32", *w.shape, w)
-            int8 = int8_activations(q, activations)
-            packed = pack(q, int8)
-            self._keep.append(packed)
-            kinds.add(q.kind)
-            uses_int8.append(int8)
+            int8 = int8_allowed and int8_activations(q, activations)
+            return PackedMatrix(q.kind, q.rows, q.cols, int8, pack(q, int8))
+
+        def pick(names: list[str], bias_names: list[str] | None = None) -> Matrix:
+            m = store.get("+".join(names), lambda: packed(names))
+            self._keep.append(m.data)
+            kinds.add(m.kind)
+            uses_int8.append(m.int8)
             bias = own(torch.cat([weights[n] for n in bias_names])) if bias_names else None
-            return _matrix(q, packed, bias, int8)
+            return Matrix(KINDS[m.kind], m.rows, m.cols, int(m.int8), _ptr(m.data), _ptr(bias))
 
         layers = (Layer * cfg.num_layers)()
         for i in range(cfg.num_layers):
@@ -293,10 +322,9 @@ class NativeForward:
         if cfg.tie_word_embeddings:
             embed_blocks = head
         elif weights_mode == "checkpoint" and embed_name in quantized:
-            q = quantized[embed_name]
-            packed = pack(q)
-            self._keep.append(packed)
-            embed_blocks = _matrix(q, packed)
+            m = store.get(embed_name, lambda: packed([embed_name], int8_allowed=False))
+            self._keep.append(m.data)
+            embed_blocks = Matrix(KINDS[m.kind], m.rows, m.cols, 0, _ptr(m.data), None)
         else:  # the one large tensor not copied: an fp32 table is read where it lies (the torch model's too)
             embed = own(weights[embed_name], copy=False)
         rope = own(rope_table(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings), copy=False)
@@ -313,6 +341,7 @@ class NativeForward:
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
         self.activations = "int8" if any(uses_int8) else "fp32"  # what the products actually use
         self.vocab = cfg.vocab_size
+        store.save()
         if kv_cache is not None:
             self.attach_kv_cache(kv_cache)
 

@@ -19,11 +19,9 @@ from warmpath.models.ggml_blocks import BLOCK_TYPES, SUPPORTED_TENSOR_TYPES, deq
 from warmpath.models.gguf_file import GGUFTensor, read_gguf
 from warmpath.models.gguf_meta import read_config, read_tokenizer, tensor_type_counts
 from warmpath.models.kernel_blocks import convert, kernel_kinds
-from warmpath.models.quant import QuantizedMatrix
+from warmpath.models.quant import BLOCK, QuantizedMatrix
 
 log = logging.getLogger(__name__)
-
-PROGRESS_BYTES = 256 << 20  # files from this size on log their loading progress
 
 # GGUF tensor name -> HF name ("{i}" is the layer index).
 _LAYER_NAMES = {
@@ -63,22 +61,6 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-class _Progress:
-    """A log line every tenth of a large file's tensor bytes (a 1.5B model takes seconds, not silence)."""
-
-    def __init__(self, path: Path, total: int):
-        self.name, self.total, self.done, self.next = path.name, max(total, 1), 0, 0.1
-        self.start = time.perf_counter()
-        self.show = total >= PROGRESS_BYTES
-
-    def add(self, nbytes: int) -> None:
-        self.done += nbytes
-        if self.show and self.done / self.total >= self.next:
-            log.info("loading %s: %3.0f%% of %.0f MB (%.1f s)", self.name, 100 * self.done / self.total,
-                     self.total / 1e6, time.perf_counter() - self.start)
-            self.next += 0.1
-
-
 class GGUFWeights(Mapping[str, torch.Tensor]):
     """A GGUF file's tensors in HF naming, dequantized each time one is read (from the mapped file).
 
@@ -104,6 +86,35 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
 
     def numel(self) -> int:
         return sum(math.prod(t.shape) for t in self._tensors.values())
+
+
+class GGUFBlocks(Mapping):
+    """The native kernel's blocks of a GGUF file's matrices by HF name (models/kernel_blocks.py: the file's own, or
+    converted), converted when first read and kept: a kernel whose packed matrices are on disk
+    (kernels/packed_cache.py) reads none, and a restart converts nothing."""
+
+    def __init__(self, tensors: dict[str, GGUFTensor], kinds: dict[str, str | None], config: ModelConfig):
+        self._tensors, self._kinds, self._config = tensors, kinds, config
+        self._done: dict[str, QuantizedMatrix] = {}
+
+    def __getitem__(self, name: str) -> QuantizedMatrix:
+        if name not in self._done:
+            t = self._tensors[name]
+            q = convert(raw_blocks(t.data, t.tensor_type), t.tensor_type,
+                        lambda: dequantize(t.data, t.tensor_type), *hf_shape(t), self._kinds[name])
+            assert q is not None, name  # eligible by kind and shape (load_gguf)
+            heads = _rope_heads(self._config, name)
+            self._done[name] = q.map_rows(lambda r: unpermute_rope_rows(r, heads)) if heads else q
+        return self._done[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 def hf_shape(t: GGUFTensor) -> tuple[int, ...]:
@@ -135,18 +146,10 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
                              f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
         tensors[name] = t
     kinds = kernel_kinds({name: t.tensor_type for name, t in tensors.items() if len(t.shape) == 2})
-    progress = _Progress(path, sum(t.n_bytes for t in tensors.values()))
-    quantized: dict[str, QuantizedMatrix] = {}
-    for name, t in tensors.items():
-        if len(t.shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES:
-            # The native kernel's blocks of this matrix (models/kernel_blocks.py: the file's own, or converted;
-            # the fp32 values are computed only where blocks are requantized from them)
-            q = convert(raw_blocks(t.data, t.tensor_type), t.tensor_type,
-                        lambda t=t: dequantize(t.data, t.tensor_type), *hf_shape(t), kinds[name])
-            heads = _rope_heads(config, name)
-            if q is not None:
-                quantized[name] = q.map_rows(lambda r, h=heads: unpermute_rope_rows(r, h)) if heads else q
-        progress.add(t.n_bytes)
+    start = time.perf_counter()
+    quantized = GGUFBlocks({name: t for name, t in tensors.items()
+                            if len(t.shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES
+                            and hf_shape(t)[1] % BLOCK == 0}, kinds, config)
     weights = GGUFWeights(tensors, config, dtype)
     types = tensor_type_counts(file)
     log.info(
@@ -160,6 +163,6 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         config.vocab_size,
         weights.numel() / 1e6,
         " ".join(f"{n}x{k}" for k, n in sorted(types.items())),
-        time.perf_counter() - progress.start,
+        time.perf_counter() - start,
     )
     return Checkpoint(config, weights, read_tokenizer(file), str(path), quantized, types)

@@ -1,0 +1,114 @@
+"""The native kernel's packed matrices of one model file, kept on disk after the first start and read back at the
+next: a restart neither converts the GGUF file's blocks nor packs them again (seconds for a 0.5B model).
+
+Per model file and packing (weights mode, activations), the latest code's (an older one's is removed), under
+$WARMPATH_HOME/packed/: `KEY.bin` (the packed bytes, each matrix 64-byte aligned) beside `KEY.json` (name -> kind,
+rows, cols, int8, offset, bytes). A damaged or partial pair is packed again. Read into the process's own memory, as
+packing would have left it (a mapped file's 4 KiB pages would not be what the plan timed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from warmpath.config import warmpath_home
+from warmpath.models.checkpoint import file_identity
+
+log = logging.getLogger(__name__)
+
+ALIGN = 64
+# The code a packed matrix's bytes depend on: the packing and the conversions of a GGUF file's blocks before it.
+CODE = [Path(__file__).with_name("native.py"), *(Path(__file__).parents[1] / "models" / p for p in
+                                                 ("gguf.py", "kernel_blocks.py", "ggml_blocks.py", "quant.py"))]
+
+
+@dataclass
+class PackedMatrix:
+    kind: str  # "f32" | "q4_1" | "q8_0"
+    rows: int
+    cols: int
+    int8: bool  # quants in the order of the int8 products
+    data: torch.Tensor  # uint8, the kernel's layout (native.pack)
+
+
+def cache_path(source: str, options: str) -> Path | None:
+    """Where a model file's packed matrices are kept (None: not a file, e.g. an HF directory)."""
+    path = Path(source)
+    if not path.is_file():
+        return None
+    # its modification time too: a file rewritten with the same size and ends must not read another's packing
+    h = hashlib.sha256(f"{file_identity(path)}|{path.stat().st_mtime_ns}|{options}".encode())
+    for code in CODE:
+        h.update(code.read_bytes())
+    return warmpath_home() / "packed" / f"{path.stem}-{options.replace(' ', '-')}-{h.hexdigest()[:16]}.bin"
+
+
+class PackedCache:
+    """Packed matrices by name: from the cache file where it has them, else made and written when save()d."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        self.made: dict[str, PackedMatrix] = {}
+        self._data: torch.Tensor | None = None
+        if path is not None and path.exists() and path.with_suffix(".json").exists():
+            try:
+                self.entries = json.loads(path.with_suffix(".json").read_text())
+                size = path.stat().st_size
+                if any(e["offset"] + e["bytes"] > size for e in self.entries.values()):
+                    raise ValueError("shorter than its index")
+                self._data = torch.empty(size, dtype=torch.uint8)
+                with open(path, "rb") as f:
+                    if f.readinto(memoryview(self._data.numpy())) != size:
+                        raise ValueError("shorter than it was")
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("packed weights %s unreadable (%s): packing again", path, e)
+                self.entries, self._data = {}, None
+
+    def get(self, name: str, make: Callable[[], PackedMatrix]) -> PackedMatrix:
+        e = self.entries.get(name)
+        if e is not None and self._data is not None:
+            data = self._data[e["offset"]:e["offset"] + e["bytes"]]
+            return PackedMatrix(e["kind"], e["rows"], e["cols"], e["int8"], data)
+        m = make()
+        self.made[name] = m
+        return m
+
+    def save(self) -> None:
+        """Write what was made (all of it: a model's matrices are packed together or not at all)."""
+        if self.path is None or not self.made or self.entries:
+            return
+        index, offset = {}, 0
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                for name, m in self.made.items():
+                    pad = -offset % ALIGN
+                    f.write(b"\0" * pad)
+                    offset += pad
+                    raw = m.data.contiguous().numpy()
+                    f.write(memoryview(raw))
+                    index[name] = {"kind": m.kind, "rows": m.rows, "cols": m.cols, "int8": m.int8,
+                                   "offset": offset, "bytes": raw.nbytes}
+                    offset += raw.nbytes
+            self.path.with_suffix(".json").unlink(missing_ok=True)
+            os.replace(tmp, self.path)  # the data first, the index last: an index is only beside its whole file
+            tmp_index = self.path.with_suffix(f".json.tmp{os.getpid()}")
+            tmp_index.write_text(json.dumps(index))
+            os.replace(tmp_index, self.path.with_suffix(".json"))
+            stem = self.path.name.rsplit("-", 1)[0]
+            for old in self.path.parent.glob(f"{stem}-*"):  # this file's packings by older code: never read again
+                if old.suffix in (".bin", ".json") and old.stem != self.path.stem:
+                    old.unlink(missing_ok=True)
+        except OSError as e:  # a full disk: the next start packs again
+            log.warning("could not keep the packed weights at %s: %s", self.path, e)
+            tmp.unlink(missing_ok=True)
