@@ -60,6 +60,8 @@ def one_start(model: Path, home: Path, log: Path, timeout_s: float) -> dict:
             r.raise_for_status()
             first = time.perf_counter() - t0
             text = r.json()["choices"][0]["text"]
+            if not text.strip():
+                raise RuntimeError(f"an empty completion: {r.json()}; see {log}")
             break
     finally:
         proc.terminate()

@@ -131,3 +131,20 @@ def test_a_screened_measurement_chooses_what_timing_every_class_would_in_a_fract
     everything = plan_timing.ROUNDS * sum(sum(ms for kind in t.values() for ms in kind.values())
                                           for t in recorded.values())
     assert sum(spent) < 0.25 * everything  # what the three rounds of every class cost
+
+
+def test_a_screened_plan_routes_every_step_to_its_one_backend(monkeypatch):
+    """The screen may stop after the cheapest decode classes (the other candidate trailing): the plan still
+    answers for a chunk of any size."""
+    monkeypatch.setattr(plan_timing, "machine_idle_s", lambda: None)
+    clock, spent = Clock(), []
+    recorded = {b: RECORDED["epyc_qwen05"][b] for b in ("native-int8", "native-fp32")}
+    slow = {kind: {k: 3 * ms for k, ms in t.items()} for kind, t in recorded["native-fp32"].items()}
+    runners = {"native-int8": RecordedRunner(recorded["native-int8"], clock, spent),
+               "native-fp32": RecordedRunner(slow, clock, spent)}
+    got = plan_timing.time_steps(runners, plan_steps(QWEN_05, False), progress=None, clock=clock,
+                                 cpu_clock=lambda: 0.0, eliminate=True)
+    assert not got["native-int8"]["chunk"]  # stopped among the decode classes
+    plan = choose(got)
+    assert plan.backends == ["native-int8"] and plan.for_chunk(500, 3000) == plan.for_decode(3, 100) == "native-int8"
+    assert "| chunk 512 @ 6144 | – | – | native-int8 |" in plan.table()

@@ -22,6 +22,7 @@ from warmpath.config import warmpath_home
 from warmpath.engine.plan import (
     BACKENDS,
     DETERMINISTIC,
+    MARGIN,
     Plan,
     Timings,
     choose,
@@ -150,8 +151,11 @@ def time_steps(runners: dict[str, ModelRunner], steps: list[tuple[str, str, int,
                     continue  # a slow step's third try would cost more than it tells
                 ms = _once(runners[backend], seqs, clock)
                 got[backend][kind][key] = ms if best is None else min(best, ms)
-            if eliminate:
-                active = [b for b in active if b not in trailing(got, active)]
+            if eliminate and (dropped := trailing(got, active)):
+                active = [b for b in active if b not in dropped]
+                if progress is not None:
+                    print(f"plan: {', '.join(dropped)} trailing {' and '.join(active)} by more than "
+                          f"{MARGIN - 1:.0%} on the classes so far: timed no further", file=progress, flush=True)
         if progress is not None:
             print(f"plan: round {round_ + 1} of {ROUNDS}: {', '.join(active)} timed on {len(steps)} step shapes "
                   f"({clock() - t0:.0f} s so far)", file=progress, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from warmpath.config import EngineConfig, ModelConfig
@@ -30,6 +31,12 @@ def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
-    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
+    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim], zeros. On the CPU from calloc's
+    zero pages (numpy): the OS maps them as they are first written, so a start does not spend a second writing
+    zeros over a pool most of which waits for sessions (and the resident set grows with the cache's use)."""
     shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    return torch.zeros(shape, dtype=dtype, device=device)
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    same_size = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
+    return torch.from_numpy(np.zeros(shape, dtype=same_size)).view(dtype)
