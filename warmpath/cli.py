@@ -83,14 +83,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """The plan for this machine and model: ms per candidate backend per step shape, and the choice."""
     import torch
 
-    from warmpath.engine.engine import native_available
     from warmpath.engine.plan_timing import load_or_measure
+    from warmpath.kernels.native import available as native_available
     from warmpath.models.loader import load_checkpoint
 
     threads = args.num_threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(args.model, torch.float32)
-    plan, how = load_or_measure(ckpt, threads, native_available(), args.allow_nondeterministic, args.remeasure)
+    plan, how = load_or_measure(ckpt, threads, native_available(), args.allow_nondeterministic, args.remeasure,
+                                args.full)
     print(f"{args.model} on this machine, {threads} threads: {how}\n{plan.table()}")
     return 0
 
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--allow-nondeterministic", action="store_true", help="let the plan mix native and torch")
     p.add_argument("--remeasure", action="store_true", help="measure again even if a plan is saved")
+    p.add_argument("--full", action="store_true", help="time every candidate on every shape class, three rounds "
+                   "(a deterministic plan otherwise times the cheap classes until one candidate leads)")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("route", help="one endpoint in front of many nodes: session-affine, prefix-aware routing "
                                      "with bounded loads, failover, tiering, response cache")

@@ -27,14 +27,7 @@ from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.engine.speculator import Speculator
-from warmpath.kernels.native import (
-    ACTIVATIONS,
-    KV_TYPES,
-    NativeForward,
-    NativeKernelError,
-    load_library,
-    start_building,
-)
+from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, available, start_building
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
@@ -86,15 +79,6 @@ def release_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (AttributeError, OSError):
         pass  # not glibc
-
-
-def native_available() -> bool:
-    try:
-        load_library()
-        return True
-    except NativeKernelError as e:
-        log.warning("native kernel unavailable, planning with torch alone: %s", e)
-        return False
 
 
 class Engine:
@@ -164,7 +148,7 @@ class Engine:
             if path.is_file() and plan.timings:
                 plan = choose(plan.timings, config.allow_nondeterministic, plan.key)
         else:
-            plan, how = load_or_measure(ckpt, threads, native_available(), config.allow_nondeterministic)
+            plan, how = load_or_measure(ckpt, threads, available(), config.allow_nondeterministic)
         if not plan.deterministic and not config.allow_nondeterministic and config.plan == "auto":
             log.warning("no deterministic backend here (no native kernel): greedy outputs may depend on batching")
         log.info("plan: %s (%s), %s", " + ".join(plan.backends),

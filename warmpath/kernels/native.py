@@ -84,14 +84,18 @@ _BUILDING = threading.Lock()  # one build at a time: the one start_building() be
 
 def start_building() -> None:
     """Build the kernel in the background (a compile of seconds, overlapping the model's load); load_library()
-    then waits for it. A failure is left for load_library() to raise where it is called."""
-    def build() -> None:
-        try:
-            load_library()
-        except NativeKernelError:
-            pass
+    then waits for it."""
+    threading.Thread(target=available, name="native-kernel-build", daemon=True).start()
 
-    threading.Thread(target=build, name="native-kernel-build", daemon=True).start()
+
+def available() -> bool:
+    """Whether the kernel builds and loads here (a plan without it has torch alone)."""
+    try:
+        load_library()
+        return True
+    except NativeKernelError as e:
+        log.warning("native kernel unavailable, planning with torch alone: %s", e)
+        return False
 
 
 def load_library() -> ctypes.CDLL:
@@ -151,8 +155,6 @@ def bf16_attention() -> str | None:
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
-
-
 
 
 def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:

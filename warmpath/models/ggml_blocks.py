@@ -58,9 +58,24 @@ def _bits(b: torch.Tensor, width: int, count: int) -> torch.Tensor:
 
 
 def _high_bits32(qh: torch.Tensor) -> torch.Tensor:
-    """Q5_0 / Q5_1: 4 bytes (a little-endian uint32) -> [n, 32] bits, bit j for value j."""
-    word = qh.contiguous().view(torch.int32)  # [n, 1]
-    return ((word >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
+    """Q5_0 / Q5_1: 4 bytes (a little-endian uint32) -> [n, 32] bits, bit j for value j (bit j % 8 of byte j // 8)."""
+    return _bits(qh.contiguous(), 1, 8).transpose(-1, -2).reshape(qh.shape[0], 32)
+
+
+def q5_quants(raw: torch.Tensor, at: int) -> torch.Tensor:
+    """Q5_0 (at=2) / Q5_1 (at=4) blocks -> uint8 [n, 32], the 5-bit q of each value."""
+    return _nibbles(raw[:, at + 4:]).reshape(raw.shape[0], 32) | (_high_bits32(raw[:, at:at + 4]) << 4)
+
+
+def q4_k_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K blocks -> its 32-value sub-blocks: scale d * sc and offset -dmin * m (fp32 [n * 8, 1]) and the 4-bit
+    q (uint8 [n * 8, 32])."""
+    n = raw.shape[0]
+    d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
+    sc, mn = _scale_min_k4(raw[:, 4:16])
+    qs = raw[:, 16:144]
+    q = torch.cat([(qs.reshape(n, 4, 1, 32) >> s) & 0x0F for s in (0, 4)], dim=2).reshape(n * 8, 32)
+    return (d * sc.float()).reshape(-1, 1), q, -(dmin * mn.float()).reshape(-1, 1)
 
 
 def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +96,7 @@ def decode(raw: torch.Tensor, qtype: Q) -> SubBlocks:
     if qtype == Q.Q4_1:
         return SubBlocks(_f16(raw[:, 0:2]), _nibbles(raw[:, 4:]).reshape(n, 32).float(), _f16(raw[:, 2:4]))
     if qtype in (Q.Q5_0, Q.Q5_1):
-        at = 2 if qtype == Q.Q5_0 else 4
-        q = _nibbles(raw[:, at + 4:]).reshape(n, 32) | (_high_bits32(raw[:, at:at + 4]) << 4)
+        q = q5_quants(raw, 2 if qtype == Q.Q5_0 else 4)
         if qtype == Q.Q5_0:
             return SubBlocks(_f16(raw[:, 0:2]), q.float() - 16.0, None)
         return SubBlocks(_f16(raw[:, 0:2]), q.float(), _f16(raw[:, 2:4]))
@@ -103,12 +117,15 @@ def decode(raw: torch.Tensor, qtype: Q) -> SubBlocks:
         qh = _bits(hmask, 1, 8).reshape(n, 256)  # value b*32 + l: bit b of hmask[l]
         q = ql.to(torch.int16) - ((qh ^ 1).to(torch.int16) << 2)
         return SubBlocks((d * sc).reshape(-1, 1), q.reshape(n * 16, 16).float(), None)
-    if qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin, scales 12, [qh 32], qs 128; sub-blocks of 32
+    if qtype == Q.Q4_K:  # d, dmin, scales 12, qs 128; sub-blocks of 32
+        scale, q, offset = q4_k_parts(raw)
+        return SubBlocks(scale, q.float(), offset)
+    if qtype == Q.Q5_K:  # d, dmin, scales 12, qh 32, qs 128; sub-blocks of 32
         d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
         sc, mn = _scale_min_k4(raw[:, 4:16])
-        qs = raw[:, 16:144] if qtype == Q.Q4_K else raw[:, 48:176]
+        qs = raw[:, 48:176]
         low = torch.cat([(qs.reshape(n, 4, 1, 32) >> s) & 0x0F for s in (0, 4)], dim=2).reshape(n, 8, 32)
-        q = low if qtype == Q.Q4_K else low | (_bits(raw[:, 16:48], 1, 8) << 4)
+        q = low | (_bits(raw[:, 16:48], 1, 8) << 4)
         scale = (d * sc.float()).reshape(-1, 1)
         offset = -(dmin * mn.float()).reshape(-1, 1)
         return SubBlocks(scale, q.reshape(n * 8, 32).float(), offset)

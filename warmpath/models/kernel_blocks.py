@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from gguf import GGMLQuantizationType
 
-from warmpath.models.ggml_blocks import K_TYPES, decode
+from warmpath.models.ggml_blocks import K_TYPES, decode, q4_k_parts, q5_quants
 from warmpath.models.quant import BLOCK, QuantizedMatrix
 
 Q = GGMLQuantizationType
@@ -93,12 +93,11 @@ def convert(raw: torch.Tensor, qtype: GGMLQuantizationType, values: Callable[[],
     elif qtype == Q.Q4_0:  # w = d (q - 8) = d q + (-8 d): -8 d is exact in fp16, so is every sum
         sub = decode(raw, qtype)
         data = q4_1_blocks(sub.scale, sub.q + 8.0, -8.0 * sub.scale)
-    elif qtype == Q.Q5_0:
-        sub = decode(raw, qtype)
-        data = q8_0_blocks(sub.scale, sub.q)
+    elif qtype == Q.Q5_0:  # the same d; q - 16 as int8 (uint8 arithmetic wraps to its two's complement)
+        data = torch.cat([raw[:, 0:2], q5_quants(raw, 2) - 16], dim=1)
     elif qtype == Q.Q4_K:
-        sub = decode(raw, qtype)
-        data = q4_1_blocks(sub.scale, sub.q, sub.offset)
+        scale, q, offset = q4_k_parts(raw)
+        data = q4_1_blocks(scale, q, offset)
     else:
         data = quantize_q8_0(values())
     return QuantizedMatrix(kind, rows, cols, data.reshape(rows, -1).contiguous())
