@@ -23,7 +23,7 @@ import torch
 from common import machine, write_json
 
 from warmpath.engine import plan_timing
-from warmpath.kernels import native
+from warmpath.kernels import build
 from warmpath.models.loader import load_checkpoint
 from warmpath.models.registry import resolve_model
 
@@ -32,8 +32,7 @@ SHAPES = [(1, 512, 0), (1, 512, 2048), (1, 128, 2048), (1, 32, 6144), (1, 8, 614
 
 
 def runner_from(source: Path, ckpt, backend: str):
-    native.SOURCE = source
-    native.load_library.cache_clear()
+    build.SOURCE = source  # the library is cached by its path, which the source's digest names
     return plan_timing._runner(ckpt, backend)
 
 
@@ -45,7 +44,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ckpt = load_checkpoint(resolve_model("smollm2"), torch.float32)
-    new_source = native.SOURCE
+    new_source = build.SOURCE
     base = runner_from(Path(args.base).resolve() / "warmpath/kernels/cpu/forward.c", ckpt, args.backend)
     new = runner_from(new_source, ckpt, args.backend)
     if base.native.lib._name == new.native.lib._name:

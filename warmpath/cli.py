@@ -50,6 +50,9 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from warmpath.kernels.build import start_building
+
+    start_building()  # a first start's compile runs beside the imports and the load
     from warmpath.api import serving
     from warmpath.engine.engine import Engine
     from warmpath.server.app import create_app

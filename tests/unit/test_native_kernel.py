@@ -6,6 +6,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import platform
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from tiny_model import write_tiny_gguf, write_tiny_hf
 
 from warmpath import LLM, SamplingParams
 from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
-from warmpath.kernels import native
+from warmpath.kernels import build, native
 from warmpath.kernels.native import NativeForward, NativeKernelError, matmul
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
@@ -46,10 +47,10 @@ def kernel_build(request, portable_home, monkeypatch):
     """The kernel as built for this CPU, for an AVX2 CPU without AVX-512 (-march=haswell: 16 vector registers),
     and its plain-C fallback (-march=x86-64: no AVX2), which CPUs without AVX2 (and other architectures) get."""
     if request.param != "native":
-        if native.platform.machine() != "x86_64":
+        if platform.machine() != "x86_64":
             pytest.skip("the other variants are forced with x86-64 flags")
         march = "-march=haswell" if request.param == "avx2" else "-march=x86-64"
-        monkeypatch.setattr(native, "CFLAGS", [f if f != "-march=native" else march for f in native.CFLAGS])
+        monkeypatch.setattr(build, "CFLAGS", [f if f != "-march=native" else march for f in build.CFLAGS])
         monkeypatch.setenv("WARMPATH_HOME", str(portable_home / request.param))
     native._load_library.cache_clear()
     yield request.param
@@ -108,12 +109,12 @@ def test_512_bit_int8_tiles_give_the_256_bit_tiles_numbers(monkeypatch):
     """Where the CPU has AVX512-VNNI, int8 products run two groups of outputs per 512-bit register: bit for bit the
     256-bit tiles' outputs (a build with them off), for every row count of a step (tiles of 1-6 rows; 13 groups of
     outputs: an odd last one; 100 outputs: a partial group)."""
-    if not {"avx512_vnni", "avx512bw"} <= set(native._cpu_flags().split()):
+    if not {"avx512_vnni", "avx512bw"} <= set(build.cpu_flags().split()):
         pytest.skip("no AVX512-VNNI on this CPU: the 256-bit tiles run everywhere")
     builds = []
     for extra in ([], ["-DWP_NO_I8_ZMM"]):
         with monkeypatch.context() as m:
-            m.setattr(native, "CFLAGS", [*native.CFLAGS, *extra])
+            m.setattr(build, "CFLAGS", [*build.CFLAGS, *extra])
             native._load_library.cache_clear()
             builds.append(native.load_library())
     native._load_library.cache_clear()

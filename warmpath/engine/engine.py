@@ -27,7 +27,8 @@ from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
 from warmpath.engine.scheduler import Scheduler, SchedulerOutput
 from warmpath.engine.speculator import Speculator
-from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, available, start_building
+from warmpath.kernels.build import start_building
+from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, available
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM

@@ -10,20 +10,15 @@ sequences those are is the runner's decision (engine/runner.py, route()).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import itertools
 import logging
-import os
-import platform
-import subprocess
-import tempfile
-import threading
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from warmpath.config import ModelConfig, warmpath_home
+from warmpath.config import ModelConfig
+from warmpath.kernels.build import NativeKernelError, build_library
 from warmpath.kernels.packed_cache import PackedCache, PackedMatrix, cache_path
 from warmpath.models.footprint import GROUP  # output rows per packed group: one AVX2 vector
 from warmpath.models.llama import rope_table
@@ -31,14 +26,8 @@ from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_ro
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu") / "forward.c"  # the one translation unit; it includes the cpu/ headers
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
 KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu/common.h WP_KV_*
-
-
-class NativeKernelError(RuntimeError):
-    """The native kernel cannot be built or used here (no C compiler, unsupported model or dtype)."""
 
 
 class Matrix(ctypes.Structure):
@@ -60,34 +49,6 @@ class Model(ctypes.Structure):
                  ("layers", ctypes.POINTER(Layer)), ("head", Matrix), ("attention", ctypes.c_int32)]
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _source_digest() -> bytes:
-    """Every C source of the kernel's directory (forward.c and its headers), by name and content: a change to any
-    of them builds a new library."""
-    h = hashlib.sha256()
-    for f in sorted(SOURCE.parent.glob("*.[ch]")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.digest()
-
-
-_BUILDING = threading.Lock()  # one build at a time: the one start_building() began is waited for, not repeated
-
-
-def start_building() -> None:
-    """Build the kernel in the background (a compile of seconds, overlapping the model's load); load_library()
-    then waits for it."""
-    threading.Thread(target=available, name="native-kernel-build", daemon=True).start()
-
-
 def available() -> bool:
     """Whether the kernel builds and loads here (a plan without it has torch alone)."""
     try:
@@ -99,32 +60,13 @@ def available() -> bool:
 
 
 def load_library() -> ctypes.CDLL:
-    """Compile cpu/forward.c for this CPU (once; cached under $WARMPATH_HOME/kernels) and load it."""
-    with _BUILDING:
-        return _load_library()
+    """The kernel built for this CPU (build.py: compiled once, cached under $WARMPATH_HOME/kernels), loaded."""
+    return _load_library(build_library())
 
 
 @cache
-def _load_library() -> ctypes.CDLL:
-    key = hashlib.sha256(_source_digest() + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    out = warmpath_home() / "kernels" / f"cpu_forward-{platform.machine()}-{key}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cc = os.environ.get("CC", "cc")
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            # torch's own OpenMP runtime is the one already loaded: the kernel's threads share its pool.
-            subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
-            os.replace(tmp, out)  # atomic: servers starting together never load a half-written file
-        except FileNotFoundError as e:
-            raise NativeKernelError(f"no C compiler ({cc}) to build the native kernel") from e
-        except subprocess.CalledProcessError as e:
-            raise NativeKernelError(f"building the native kernel failed:\n{e.stderr}") from e
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        log.info("built the native kernel: %s", out)
+def _load_library(out: Path) -> ctypes.CDLL:
+    # torch's own OpenMP runtime is the one already loaded: the kernel's threads share its pool.
     lib = ctypes.CDLL(str(out))
     lib.wp_forward.restype = ctypes.c_int
     lib.wp_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,

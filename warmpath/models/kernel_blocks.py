@@ -51,10 +51,11 @@ def q8_0_blocks(d: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def quantize_q8_0(values: torch.Tensor) -> torch.Tensor:
     """fp32 values (a multiple of 32) -> Q8_0 blocks [n, 34], rounded as llama.cpp's quantize_row_q8_0."""
     x = values.reshape(-1, BLOCK).float()
-    d = x.abs().amax(dim=1, keepdim=True) / 127
+    low, high = torch.aminmax(x, dim=1, keepdim=True)
+    d = torch.maximum(high, -low).abs_() / 127  # abs: max(0, -0) may be -0, and d must be +0
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
     q = x * inv
-    q = torch.where(q >= 0, torch.floor(q + 0.5), torch.ceil(q - 0.5))  # C roundf: halves away from zero
+    q.add_(torch.copysign(torch.tensor(0.5), q)).trunc_()  # C roundf: halves away from zero
     return q8_0_blocks(d, q)
 
 

@@ -1,0 +1,81 @@
+"""Building the native kernel: cpu/forward.c compiled with the system C compiler for this CPU, once per source,
+flags and CPU, under $WARMPATH_HOME/kernels/. No torch here: `warmpath serve` starts the compile (seconds) before
+torch and the model load, which it then overlaps (start_building)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from warmpath.config import warmpath_home
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu") / "forward.c"  # the one translation unit; it includes the cpu/ headers
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+_BUILDING = threading.Lock()  # one build at a time: the one start_building() began is waited for, not repeated
+
+
+class NativeKernelError(RuntimeError):
+    """The native kernel cannot be built or used here (no C compiler, unsupported model or dtype)."""
+
+
+def cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def source_digest() -> bytes:
+    """Every C source of the kernel's directory (forward.c and its headers), by name and content: a change to any
+    of them builds a new library."""
+    h = hashlib.sha256()
+    for f in sorted(SOURCE.parent.glob("*.[ch]")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.digest()
+
+
+def build_library() -> Path:
+    """The built library for this CPU, compiled first if it is not there yet."""
+    with _BUILDING:
+        key = hashlib.sha256(source_digest() + " ".join(CFLAGS).encode() + cpu_flags().encode()).hexdigest()[:16]
+        out = warmpath_home() / "kernels" / f"cpu_forward-{platform.machine()}-{key}.so"
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cc = os.environ.get("CC", "cc")
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
+            os.replace(tmp, out)  # atomic: servers starting together never load a half-written file
+        except FileNotFoundError as e:
+            raise NativeKernelError(f"no C compiler ({cc}) to build the native kernel") from e
+        except subprocess.CalledProcessError as e:
+            raise NativeKernelError(f"building the native kernel failed:\n{e.stderr}") from e
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        log.info("built the native kernel: %s", out)
+        return out
+
+
+def start_building() -> None:
+    """Build the kernel in the background; native.load_library() then waits for it (and raises what failed)."""
+    def build() -> None:
+        try:
+            build_library()
+        except NativeKernelError:
+            pass
+
+    threading.Thread(target=build, name="native-kernel-build", daemon=True).start()
