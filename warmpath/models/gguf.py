@@ -133,6 +133,7 @@ def _rope_heads(config: ModelConfig, name: str) -> int | None:
 
 
 def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
+    start = time.perf_counter()
     file = read_gguf(path)
     config = read_config(file)
     tensors: dict[str, GGUFTensor] = {}
@@ -146,7 +147,6 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
                              f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
         tensors[name] = t
     kinds = kernel_kinds({name: t.tensor_type for name, t in tensors.items() if len(t.shape) == 2})
-    start = time.perf_counter()
     quantized = GGUFBlocks({name: t for name, t in tensors.items()
                             if len(t.shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES
                             and hf_shape(t)[1] % BLOCK == 0}, kinds, config)
