@@ -85,3 +85,20 @@ def test_another_file_or_option_set_has_another_packing_and_older_ones_go(tmp_pa
     kept = sorted(p.name for p in (tmp_path / "home" / "packed").iterdir())
     assert len(kept) == 4 and sum("int8" in k for k in kept) == 2, kept  # per option set: the latest pair
     assert cache_path(str(path), "checkpoint int8").name in kept
+
+
+def test_a_plan_candidate_keeps_its_packing_only_when_asked(tmp_path, monkeypatch):
+    """The plan packs every candidate but keeps only the winner's (the engine's kernel reads it back)."""
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path / "home"))
+    path, _, _ = write_gguf(tmp_path / "m.gguf", "qwen2", q4_k_m(2), QWEN_VOCAB, num_layers=2)
+    ckpt = load_checkpoint(str(path), torch.float32)
+    candidate = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, 16, activations="int8",
+                              source=str(path), keep_packing=False)
+    kept = cache_path(str(path), "checkpoint int8")
+    assert not kept.exists()
+    candidate.keep_packing()
+    assert kept.exists()
+    again = NativeForward(ckpt.config, ckpt.weights, Untouchable(ckpt.quantized), None, 16, activations="int8",
+                          source=str(path), keep_packing=False)
+    again.keep_packing()  # read back, nothing to write
+    assert again.weight_bytes == candidate.weight_bytes and kept.exists()

@@ -188,7 +188,8 @@ class NativeForward:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], quantized: dict[str, QuantizedMatrix],
                  kv_cache: torch.Tensor | None, block_size: int, weights_mode: str = "checkpoint",
-                 activations: str = "fp32", attention: str = "auto", source: str | None = None):
+                 activations: str = "fp32", attention: str = "auto", source: str | None = None,
+                 keep_packing: bool = True):
         """weights: the checkpoint's HF-named tensors, any float dtype (Checkpoint.weights); quantized: its
         Q4_1 / Q8_0 blocks (Checkpoint.quantized). The kernel keeps what it reads (packed matrices, fp32 norms,
         biases and RoPE table): nothing points into a torch model, which may be of any dtype or absent.
@@ -201,7 +202,8 @@ class NativeForward:
         products, cpu/attention_amx.h / attention_bf16.h) or "auto" (bf16 where it can run, else fp32).
         kv_cache: [layers, 2, blocks, block_size, kv_heads, head_dim] of float32, bfloat16 or float16 on the CPU;
         K/V are written rounded to its dtype as torch's .to() rounds. None: attach_kv_cache() before forward().
-        source: the model file, whose packed matrices are then kept on disk for the next start (packed_cache.py);
+        source: the model file, whose packed matrices are then kept on disk for the next start (packed_cache.py;
+        keep_packing=False: only when keep_packing() is called, as for the plan's winning candidate);
         `quantized` is then read only where they are not there yet."""
         cfg = config
         if weights_mode not in WEIGHTS_MODES:
@@ -285,9 +287,15 @@ class NativeForward:
         self.weight_kinds = sorted(kinds)  # e.g. ["f32", "q4_1", "q8_0"]
         self.activations = "int8" if any(uses_int8) else "fp32"  # what the products actually use
         self.vocab = cfg.vocab_size
-        store.save()
+        self._packing = store
+        if keep_packing:
+            store.save()
         if kv_cache is not None:
             self.attach_kv_cache(kv_cache)
+
+    def keep_packing(self) -> None:
+        """Write this kernel's packed matrices for the next start (if they were packed, not read back)."""
+        self._packing.save()
 
     def attach_kv_cache(self, kv_cache: torch.Tensor) -> None:
         """The cache the forward pass reads and writes (the engine sizes it after the weights are resident)."""
