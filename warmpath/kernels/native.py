@@ -111,24 +111,30 @@ def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
     if q.kind == "f32":
         w = torch.nn.functional.pad(q.data.float(), (0, 0, 0, pad))
         return w.view(groups, GROUP, nb, BLOCK).permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(-1)
-    blocks = torch.nn.functional.pad(q.data.view(q.rows, nb, BLOCK_BYTES[q.kind]), (0, 0, 0, 0, 0, pad))
+    blocks = q.data.view(q.rows, nb, BLOCK_BYTES[q.kind])
+    if pad:
+        blocks = torch.nn.functional.pad(blocks, (0, 0, 0, 0, 0, pad))
     blocks = blocks.view(groups, GROUP, nb, -1).permute(0, 2, 1, 3)  # [group, block, row, bytes]
-    d = blocks[..., 0:2].reshape(groups, nb, 2 * GROUP)  # fp16 d of rows 0..7
+    # Each field copied once, straight into its place (no concatenation of copies).
+    out = torch.empty(groups, nb, GROUP * BLOCK_BYTES[q.kind], dtype=torch.uint8)
+    out[..., :2 * GROUP].view(groups, nb, GROUP, 2).copy_(blocks[..., 0:2])  # fp16 d of rows 0..7
     if q.kind == "q8_0":
+        qs = out[..., 2 * GROUP:]
         if int8_activations:  # vector v: row j's columns 4v..4v+3
-            qs = blocks[..., 2:].reshape(groups, nb, GROUP, 8, 4).transpose(2, 3).reshape(groups, nb, BLOCK * GROUP)
-        else:
-            qs = blocks[..., 2:].transpose(-1, -2).reshape(groups, nb, BLOCK * GROUP)  # [column][row]
-        return torch.cat([d, qs], dim=-1).reshape(-1).contiguous()
-    m = blocks[..., 2:4].reshape(groups, nb, 2 * GROUP)
+            qs.view(groups, nb, 8, GROUP, 4).copy_(blocks[..., 2:].reshape(groups, nb, GROUP, 8, 4).transpose(2, 3))
+        else:  # [column][row]
+            qs.view(groups, nb, BLOCK, GROUP).copy_(blocks[..., 2:].transpose(-1, -2))
+        return out.reshape(-1)
+    out[..., 2 * GROUP:4 * GROUP].view(groups, nb, GROUP, 2).copy_(blocks[..., 2:4])  # fp16 m
     nibbles = blocks[..., 4:]  # GGUF: byte i holds column i (low) and column i + 16 (high)
     cols = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [group, block, row, column]
+    qs = out[..., 4 * GROUP:]
     if int8_activations:  # vector v: row j's columns 8v..8v+3 (low nibbles) and 8v+4..8v+7 (high)
         c = cols.view(groups, nb, GROUP, 4, 2, 4)  # [group, block, row, v, half, i]
-        quads = (c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 1, 3, 2, 4).reshape(groups, nb, BLOCK // 2 * GROUP)
-        return torch.cat([d, m, quads], dim=-1).reshape(-1).contiguous()
-    pairs = (cols[..., 0::2] | (cols[..., 1::2] << 4)).transpose(-1, -2).reshape(groups, nb, BLOCK // 2 * GROUP)
-    return torch.cat([d, m, pairs], dim=-1).reshape(-1).contiguous()
+        qs.view(groups, nb, 4, GROUP, 4).copy_((c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 1, 3, 2, 4))
+    else:
+        qs.view(groups, nb, BLOCK // 2, GROUP).copy_((cols[..., 0::2] | (cols[..., 1::2] << 4)).transpose(-1, -2))
+    return out.reshape(-1)
 
 
 def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None = None,
