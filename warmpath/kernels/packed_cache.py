@@ -88,6 +88,7 @@ class PackedCache:
             return
         index, offset = {}, 0
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp_index = self.path.with_suffix(f".json.tmp{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
@@ -102,7 +103,6 @@ class PackedCache:
                     offset += raw.nbytes
             self.path.with_suffix(".json").unlink(missing_ok=True)
             os.replace(tmp, self.path)  # the data first, the index last: an index is only beside its whole file
-            tmp_index = self.path.with_suffix(f".json.tmp{os.getpid()}")
             tmp_index.write_text(json.dumps(index))
             os.replace(tmp_index, self.path.with_suffix(".json"))
             stem = self.path.name.rsplit("-", 1)[0]
@@ -112,3 +112,4 @@ class PackedCache:
         except OSError as e:  # a full disk: the next start packs again
             log.warning("could not keep the packed weights at %s: %s", self.path, e)
             tmp.unlink(missing_ok=True)
+            tmp_index.unlink(missing_ok=True)
