@@ -22,7 +22,7 @@ from warmpath.kernels.native import NativeForward
 from warmpath.models.ggml_blocks import BLOCK_TYPES, dequantize, raw_blocks
 from warmpath.models.gguf_file import read_gguf
 from warmpath.models.gguf_meta import read_config
-from warmpath.models.kernel_blocks import convert, kernel_kind, kernel_kinds
+from warmpath.models.kernel_blocks import convert, for_fp32_activations, kernel_kind, kernel_kinds
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
@@ -100,38 +100,42 @@ def test_logits_equal_transformers_on_the_same_file(every_type_file):
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda q: q.name)
 def test_kernel_blocks_of_each_type(qtype):
-    """Q4_1 / Q8_0 kept, Q4_0 -> Q4_1 and Q5_0 -> Q8_0 exact, Q4_K -> Q4_1 to fp16 scales, the rest requantized
-    to Q8_0 within half a step (and the step's own fp16 rounding, up to 127 * 2^-11 of a step)."""
+    """Q4_1 / Q8_0 / Q5_0 / Q4_K / Q6_K kept as the file has them, Q4_0 -> Q4_1 exact, the rest requantized to
+    Q8_0 within half a step (and the step's own fp16 rounding, up to 127 * 2^-11 of a step). For fp32
+    activations (Q4_1 / Q8_0 products only): Q5_0 -> Q8_0 exact, Q4_K -> Q4_1 to fp16 scales, Q6_K requantized."""
     x = np.random.default_rng(3).normal(size=(16, 512)).astype(np.float32) * 0.05
     raw = QUANTIZERS[qtype.name](x)[0] if qtype.name in QUANTIZERS else gguf_quantize(x, qtype)
     values = dequantize(raw, qtype)
     q = convert(raw_blocks(raw, qtype), qtype, lambda: values, 16, 512, kernel_kind(qtype))
     assert q.kind == kernel_kind(qtype) and q.data.dtype == torch.uint8 and q.rows == 16
-    got, exact = q.dequantize().reshape(-1), values
-    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0):
-        assert torch.equal(got, exact)
-    elif qtype == Q.Q4_K:
-        assert not torch.equal(got, exact) and (got - exact).abs().max() < 2e-3 * exact.abs().max()
-    else:
-        step = exact.reshape(-1, 32).abs().amax(1, keepdim=True) / 127
-        assert ((got - exact).reshape(-1, 32).abs() <= step * (0.5 + 127 * 2**-11)).all()
+    if qtype in (Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K):
+        assert q.kind == qtype.name.lower() and torch.equal(q.data.reshape(-1), raw_blocks(raw, qtype).reshape(-1))
+    fp32 = for_fp32_activations(q)
+    assert fp32.kind in ("q4_1", "q8_0")
+    for m in (q, fp32):
+        got, exact = m.dequantize().reshape(-1), values
+        if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0) or m is q and qtype in (Q.Q4_K, Q.Q6_K):
+            assert torch.equal(got, exact)
+        elif qtype == Q.Q4_K:
+            assert not torch.equal(got, exact) and (got - exact).abs().max() < 2e-3 * exact.abs().max()
+        else:
+            step = exact.reshape(-1, 32).abs().amax(1, keepdim=True) / 127
+            assert ((got - exact).reshape(-1, 32).abs() <= step * (0.5 + 127 * 2**-11)).all()
 
 
-def test_a_fused_group_of_mixed_types_is_read_as_q8_0():
+def test_a_fused_group_of_mixed_types_keeps_each_members_kind():
+    """Q4_K_M's Q4_K q/k beside a Q6_K v: each read as the file has it (the kernel chains the parts)."""
     p = "model.layers.0."
     kinds = kernel_kinds({p + "self_attn.q_proj.weight": Q.Q4_K, p + "self_attn.k_proj.weight": Q.Q4_K,
-                          p + "self_attn.v_proj.weight": Q.Q6_K, p + "mlp.gate_proj.weight": Q.Q4_K,
-                          p + "mlp.up_proj.weight": Q.Q4_K, p + "mlp.down_proj.weight": Q.Q6_K,
-                          "model.layers.1.self_attn.q_proj.weight": Q.F16, "model.layers.1.self_attn.k_proj.weight":
-                          Q.Q8_0, "model.layers.1.self_attn.v_proj.weight": Q.Q8_0})
-    assert [kinds[p + f"self_attn.{x}_proj.weight"] for x in "qkv"] == ["q8_0"] * 3
-    assert kinds[p + "mlp.gate_proj.weight"] == kinds[p + "mlp.up_proj.weight"] == "q4_1"
-    assert kinds["model.layers.1.self_attn.k_proj.weight"] is None  # beside an F16 q: fp32 for the group
+                          p + "self_attn.v_proj.weight": Q.Q6_K, "model.layers.1.self_attn.q_proj.weight": Q.F16})
+    assert [kinds[p + f"self_attn.{x}_proj.weight"] for x in "qkv"] == ["q4_k", "q4_k", "q6_k"]
+    assert kinds["model.layers.1.self_attn.q_proj.weight"] is None
 
 
 @pytest.mark.parametrize("rule", ["every_type", "q4_k_m"])
 def test_native_kernel_reads_blocks_for_every_type(tmp_path, rule):
-    """The kernel computes K-quant files over Q4_1 / Q8_0 blocks (fp32 only for F16/BF16 matrices): the logits of
+    """With fp32 activations the kernel computes K-quant files over Q4_1 / Q8_0 blocks (fp32 only for F16/BF16
+    matrices; int8 activations read the file's own: test_int8_products_over_the_files_own_k_quant_blocks): the logits of
     the torch model over those blocks' values, to summation order, and its greedy tokens. (Their distance to the
     file's exact values is per matrix, test_kernel_blocks_of_each_type; on real code, benchmarks/kquant_models.py:
     a tiny random model amplifies any change chaotically, so it says nothing about agreement.)"""
@@ -143,7 +147,9 @@ def test_native_kernel_reads_blocks_for_every_type(tmp_path, rule):
     kv = allocate_kv_cache(cfg, 32, 16, torch.float32, "cpu")
     kernel = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, 16)
     assert kernel.weight_kinds == (["f32", "q4_1", "q8_0"] if rule == "every_type" else ["q4_1", "q8_0"])
-    as_read = {**ckpt.weights, **{n: q.dequantize() for n, q in ckpt.quantized.items()}}
+    # fp32 activations: the matrices' file kinds as Q4_1 / Q8_0 (for_fp32_activations); token rows read exactly
+    as_read = {**ckpt.weights, **{n: for_fp32_activations(q).dequantize() for n, q in ckpt.quantized.items()
+                                  if n != "model.embed_tokens.weight"}}
     runner = ModelRunner(LlamaForCausalLM.from_weights(cfg, as_read, torch.float32, "cpu"), kv, 16)
     tok = ckpt.tokenizer
     prompts = [tok.encode(PROMPT), tok.encode("import os\nprint(os.getcwd())\n")]
@@ -154,13 +160,39 @@ def test_native_kernel_reads_blocks_for_every_type(tmp_path, rule):
     assert got.argmax(-1).tolist() == ref.argmax(-1).tolist()
 
 
-def test_a_uniform_q8_0_file_is_counted_by_the_footprint(tmp_path):
+@pytest.mark.parametrize(("activations", "kind"), [("fp32", "q8_0"), ("int8", "q6_k")])
+def test_a_uniform_q6_k_file_is_counted_by_the_footprint(tmp_path, activations, kind):
     from warmpath.models.footprint import native_weight_bytes
 
     path, _, _ = write_gguf(tmp_path / "q6k.gguf", "qwen2", uniform(Q.Q6_K), QWEN_VOCAB)
-    llm = LLM(str(path), dtype="float32", kernel="native", num_kv_blocks=8)
-    assert llm.engine.runner.native.weight_kinds == ["q8_0"]
-    assert llm.engine.runner.native.weight_bytes == native_weight_bytes(llm.model_config, "q8_0", "q8_0")
+    llm = LLM(str(path), dtype="float32", kernel="native", num_kv_blocks=8, kernel_activations=activations)
+    assert llm.engine.runner.native.weight_kinds == [kind]
+    # the token table is read row by row in the file's blocks, whatever the activations
+    assert llm.engine.runner.native.weight_bytes == native_weight_bytes(llm.model_config, kind, "q6_k")
+
+
+def test_int8_products_over_the_files_own_k_quant_blocks(tmp_path):
+    """Int8 activations multiply Q4_K_M's Q4_K / Q6_K blocks as the file has them, a fused q|k|v of Q4_K and
+    Q6_K as a chain of parts: logits near the exact weights' (only the activations' rounding differs), and a
+    sequence's logits the same bit for bit alone or beside another (other tile shapes)."""
+    path, _, _ = write_gguf(tmp_path / "m.gguf", "qwen2", q4_k_m(4), QWEN_VOCAB, num_layers=4)
+    ckpt = load_checkpoint(str(path), torch.float32)
+    cfg = ckpt.config
+    kv = allocate_kv_cache(cfg, 32, 16, torch.float32, "cpu")
+    kernel = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, 16, activations="int8")
+    assert kernel.weight_kinds == ["q4_k", "q6_k"] and kernel.activations == "int8"
+    runner = ModelRunner(LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu"), kv, 16)
+    tok = ckpt.tokenizer
+    prompts = [tok.encode(PROMPT), tok.encode("import os\nprint(os.getcwd())\n")]
+    tables = [[0, 1, 2, 3, 4, 5], [10, 11]]
+    ref = runner.forward([SeqInput(ids, 0, t) for ids, t in zip(prompts, tables, strict=True)])
+    kv.zero_()
+    both = kernel.forward(prompts, [0, 0], tables)
+    # a random 4-layer model amplifies the activations' rounding (Q4_1 / Q8_0 blocks of the same values: 4.7%)
+    assert not torch.equal(both, ref) and (both - ref).abs().max() < 0.1 * ref.abs().max()
+    for i in (0, 1):
+        kv.zero_()
+        assert torch.equal(kernel.forward([prompts[i]], [0], [tables[i]])[0], both[i])
 
 
 def test_rope_scaling_it_cannot_apply_is_refused(tmp_path):

@@ -20,19 +20,23 @@ import torch
 from warmpath.config import ModelConfig
 from warmpath.kernels.build import NativeKernelError, build_library
 from warmpath.kernels.packed_cache import PackedCache, PackedMatrix, cache_path
-from warmpath.models.footprint import GROUP  # output rows per packed group: one AVX2 vector
+from warmpath.kernels.packing import KINDS, pack
+from warmpath.models.kernel_blocks import for_fp32_activations
 from warmpath.models.llama import rope_table
-from warmpath.models.quant import BLOCK, BLOCK_BYTES, QuantizedMatrix, concat_rows
+from warmpath.models.quant import FILE_KINDS, QuantizedMatrix, concat_rows
 
 log = logging.getLogger(__name__)
 
-KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2}
 KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu/common.h WP_KV_*
 
 
 class Matrix(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
-                ("act", ctypes.c_int32), ("data", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+    pass
+
+
+Matrix._fields_ = [("type", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
+                   ("act", ctypes.c_int32), ("data", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                   ("next", ctypes.POINTER(Matrix))]  # a chain's next part (cpu/common.h wp_matrix)
 
 
 class Layer(ctypes.Structure):
@@ -99,44 +103,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
-    """The kernel's weight layout (cpu/matmul.h, "Packed weights"): rows in groups of 8, zero rows padding the
-    last; each group a run of its 32-column blocks with the group's 8 rows interleaved, so that one load gives
-    8 rows' values at one column. The same values as the checkpoint's blocks, about the same bytes.
-    int8_activations: the quants in the order the int8 products read them (cpu/matmul.h, "Int8 activations")."""
-    if q.cols % BLOCK:
-        raise NativeKernelError(f"the native kernel needs rows of a multiple of {BLOCK} values, got {q.cols}")
-    groups, nb = -(-q.rows // GROUP), q.cols // BLOCK
-    pad = groups * GROUP - q.rows
-    if q.kind == "f32":
-        w = torch.nn.functional.pad(q.data.float(), (0, 0, 0, pad))
-        return w.view(groups, GROUP, nb, BLOCK).permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(-1)
-    blocks = q.data.view(q.rows, nb, BLOCK_BYTES[q.kind])
-    if pad:
-        blocks = torch.nn.functional.pad(blocks, (0, 0, 0, 0, 0, pad))
-    blocks = blocks.view(groups, GROUP, nb, -1).permute(0, 2, 1, 3)  # [group, block, row, bytes]
-    # Each field copied once, straight into its place (no concatenation of copies).
-    out = torch.empty(groups, nb, GROUP * BLOCK_BYTES[q.kind], dtype=torch.uint8)
-    out[..., :2 * GROUP].view(groups, nb, GROUP, 2).copy_(blocks[..., 0:2])  # fp16 d of rows 0..7
-    if q.kind == "q8_0":
-        qs = out[..., 2 * GROUP:]
-        if int8_activations:  # vector v: row j's columns 4v..4v+3
-            qs.view(groups, nb, 8, GROUP, 4).copy_(blocks[..., 2:].reshape(groups, nb, GROUP, 8, 4).transpose(2, 3))
-        else:  # [column][row]
-            qs.view(groups, nb, BLOCK, GROUP).copy_(blocks[..., 2:].transpose(-1, -2))
-        return out.reshape(-1)
-    out[..., 2 * GROUP:4 * GROUP].view(groups, nb, GROUP, 2).copy_(blocks[..., 2:4])  # fp16 m
-    nibbles = blocks[..., 4:]  # GGUF: byte i holds column i (low) and column i + 16 (high)
-    cols = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [group, block, row, column]
-    qs = out[..., 4 * GROUP:]
-    if int8_activations:  # vector v: row j's columns 8v..8v+3 (low nibbles) and 8v+4..8v+7 (high)
-        c = cols.view(groups, nb, GROUP, 4, 2, 4)  # [group, block, row, v, half, i]
-        qs.view(groups, nb, 4, GROUP, 4).copy_((c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 1, 3, 2, 4))
-    else:
-        qs.view(groups, nb, BLOCK // 2, GROUP).copy_((cols[..., 0::2] | (cols[..., 1::2] << 4)).transpose(-1, -2))
-    return out.reshape(-1)
-
-
 def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None = None,
             int8_activations: bool = False) -> Matrix:
     return Matrix(KINDS[q.kind], q.rows, q.cols, int(int8_activations), _ptr(packed), _ptr(bias))
@@ -144,10 +110,13 @@ def _matrix(q: QuantizedMatrix, packed: torch.Tensor, bias: torch.Tensor | None 
 
 def matmul(q: QuantizedMatrix, x: torch.Tensor, threads: int | None = None, activations: str = "fp32") -> torch.Tensor:
     """x [D, cols] fp32 @ q.T -> [D, rows], through the kernel's matrix product (for tests and benchmarks);
-    activations "int8" quantizes x as the kernel's int8 mode does (Q4_1 and Q8_0)."""
+    activations "int8" quantizes x as the kernel's int8 mode does (Q4_1, Q8_0 and the file kinds, which have no
+    other)."""
     x = x.float().contiguous()
     y = torch.empty(x.shape[0], q.rows)
     int8 = int8_activations(q, activations)
+    if q.kind in FILE_KINDS and not int8:
+        raise ValueError(f"{q.kind} blocks are multiplied by int8 activations only")
     packed = pack(q, int8)
     m = _matrix(q, packed, None, int8)
     rc = load_library().wp_matmul(ctypes.byref(m), x.data_ptr(), x.shape[0], y.data_ptr(),
@@ -161,11 +130,11 @@ ACTIVATIONS = ("fp32", "int8")
 
 
 def int8_activations(q: QuantizedMatrix, activations: str) -> bool:
-    """Whether the kernel multiplies q by int8-quantized activations: "int8" mode, for the checkpoint's Q4_1 and
-    Q8_0 matrices (fp32 ones keep fp32 activations)."""
+    """Whether the kernel multiplies q by int8-quantized activations: "int8" mode, for the checkpoint's block
+    matrices (fp32 ones keep fp32 activations)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-    return activations == "int8" and q.kind in ("q4_1", "q8_0")
+    return activations == "int8" and q.kind != "f32"
 
 
 def store_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -226,6 +195,7 @@ class NativeForward:
         self.config, self.block_size = cfg, block_size
         self.kv_cache: torch.Tensor | None = None
         self._keep: list[torch.Tensor] = []  # every tensor the C structs point into: what the kernel holds
+        self._chains: list[list[Matrix]] = []
         kinds: set[str] = set()
         uses_int8: list[bool] = []
 
@@ -236,22 +206,43 @@ class NativeForward:
 
         store = PackedCache(None if source is None else cache_path(source, f"{weights_mode} {activations}"))
 
-        def packed(names: list[str], int8_allowed: bool = True) -> PackedMatrix:
-            parts = [quantized.get(n) for n in names]
-            q = concat_rows(parts) if weights_mode == "checkpoint" and all(p is not None for p in parts) else None
-            if q is None:  # fused from the fp32 weights; pack() copies them
-                w = torch.cat([weights[n].detach().float() for n in names])
-                q = QuantizedMatrix("f32", *w.shape, w)
-            int8 = int8_allowed and int8_activations(q, activations)
-            return PackedMatrix(q.kind, q.rows, q.cols, int8, pack(q, int8))
+        def packed(names: list[str], products: bool = True) -> list[PackedMatrix]:
+            """The fused matrix of names in parts of one kind each (consecutive members of one kind together),
+            packed. products=False: a table read row by row (matrix_row), its blocks as they are."""
+            qs = [quantized.get(n) if weights_mode == "checkpoint" else None for n in names]
+            if products and activations != "int8":
+                qs = [None if q is None else for_fp32_activations(q) for q in qs]
+            runs: list[list[int]] = []
+            for i, q in enumerate(qs):
+                if runs and (qs[runs[-1][0]] is None) == (q is None) and (q is None or q.kind == qs[runs[-1][0]].kind):
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            parts = []
+            for run in runs:
+                q = concat_rows([qs[i] for i in run]) if qs[run[0]] is not None else None
+                if q is None:  # fused from the fp32 weights; pack() copies them
+                    w = torch.cat([weights[names[i]].detach().float() for i in run])
+                    q = QuantizedMatrix("f32", *w.shape, w)
+                int8 = products and int8_activations(q, activations)
+                parts.append(PackedMatrix(q.kind, q.rows, q.cols, int8, pack(q, int8)))
+            return parts
 
         def pick(names: list[str], bias_names: list[str] | None = None) -> Matrix:
-            m = store.get("+".join(names), lambda: packed(names))
-            self._keep.append(m.data)
-            kinds.add(m.kind)
-            uses_int8.append(m.int8)
+            parts = store.get("+".join(names), lambda: packed(names))
             bias = own(torch.cat([weights[n] for n in bias_names])) if bias_names else None
-            return Matrix(KINDS[m.kind], m.rows, m.cols, int(m.int8), _ptr(m.data), _ptr(bias))
+            chain, row = [], 0
+            for m in parts:
+                self._keep.append(m.data)
+                kinds.add(m.kind)
+                uses_int8.append(m.int8)
+                part_bias = None if bias is None else bias[row:row + m.rows]
+                chain.append(Matrix(KINDS[m.kind], m.rows, m.cols, int(m.int8), _ptr(m.data), _ptr(part_bias)))
+                row += m.rows
+            for a, b in itertools.pairwise(chain):
+                a.next = ctypes.pointer(b)
+            self._chains.append(chain)  # the parts after the first are pointed to, not copied
+            return chain[0]
 
         layers = (Layer * cfg.num_layers)()
         for i in range(cfg.num_layers):
@@ -274,7 +265,7 @@ class NativeForward:
         if cfg.tie_word_embeddings:
             embed_blocks = head
         elif weights_mode == "checkpoint" and embed_name in quantized:
-            m = store.get(embed_name, lambda: packed([embed_name], int8_allowed=False))
+            [m] = store.get(embed_name, lambda: packed([embed_name], products=False))
             self._keep.append(m.data)
             embed_blocks = Matrix(KINDS[m.kind], m.rows, m.cols, 0, _ptr(m.data), None)
         else:  # the one large tensor not copied: an fp32 table is read where it lies (the torch model's too)

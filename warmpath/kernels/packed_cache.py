@@ -26,13 +26,13 @@ log = logging.getLogger(__name__)
 
 ALIGN = 64
 # The code a packed matrix's bytes depend on: the packing and the conversions of a GGUF file's blocks before it.
-CODE = [Path(__file__).with_name("native.py"), *(Path(__file__).parents[1] / "models" / p for p in
+CODE = [Path(__file__).with_name("packing.py"), *(Path(__file__).parents[1] / "models" / p for p in
                                                  ("gguf.py", "kernel_blocks.py", "ggml_blocks.py", "quant.py"))]
 
 
 @dataclass
 class PackedMatrix:
-    kind: str  # "f32" | "q4_1" | "q8_0"
+    kind: str  # kernels/packing.py KINDS
     rows: int
     cols: int
     int8: bool  # quants in the order of the int8 products
@@ -73,14 +73,18 @@ class PackedCache:
                 log.warning("packed weights %s unreadable (%s): packing again", path, e)
                 self.entries, self._data = {}, None
 
-    def get(self, name: str, make: Callable[[], PackedMatrix]) -> PackedMatrix:
-        e = self.entries.get(name)
-        if e is not None and self._data is not None:
-            data = self._data[e["offset"]:e["offset"] + e["bytes"]]
-            return PackedMatrix(e["kind"], e["rows"], e["cols"], e["int8"], data)
-        m = make()
-        self.made[name] = m
-        return m
+    def get(self, name: str, make: Callable[[], list[PackedMatrix]]) -> list[PackedMatrix]:
+        """A (fused) matrix's parts, one kind each (kernels/native.py chains them): read back, or made."""
+        if self._data is not None and f"{name}#0" in self.entries:
+            parts, i = [], 0
+            while (e := self.entries.get(f"{name}#{i}")) is not None:
+                data = self._data[e["offset"]:e["offset"] + e["bytes"]]
+                parts.append(PackedMatrix(e["kind"], e["rows"], e["cols"], e["int8"], data))
+                i += 1
+            return parts
+        parts = make()
+        self.made.update({f"{name}#{i}": m for i, m in enumerate(parts)})
+        return parts
 
     def save(self) -> None:
         """Write what was made (all of it: a model's matrices are packed together or not at all)."""

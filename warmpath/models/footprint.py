@@ -10,7 +10,18 @@ from warmpath.config import ModelConfig
 
 BLOCK = 32  # values per quantized block along a row (GGUF's Q4_1 / Q8_0)
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+# The blocks the kernel reads as the file has them: (values, bytes) of one GGUF block.
+FILE_BLOCKS = {"q4_1": (32, 20), "q8_0": (32, 34), "q5_0": (32, 22), "q4_k": (256, 144), "q6_k": (256, 210)}
 GROUP = 8  # the native kernel packs output rows in groups of 8 (zero rows pad the last)
+# Bytes of a packed group's 8 rows x 32 columns (kernels/cpu/matmul.h block_bytes): the file's bytes, but Q4_K's
+# scales and mins, 6-bit in the file, take a byte each in the kernel (1184 bytes where the file has 1152).
+PACKED_BYTES = {"q4_1": 160, "q8_0": 272, "q5_0": 176, "q4_k": 148, "q6_k": 210, "f32": 1024}
+
+
+def row_bytes(kind: str, cols: int) -> int:
+    """Bytes of one row of cols values in the file's blocks of this kind."""
+    values, size = FILE_BLOCKS[kind]
+    return cols // values * size
 
 UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -36,8 +47,7 @@ def num_params(m: ModelConfig) -> int:
 
 
 def _packed(rows: int, cols: int, kind: str) -> int:
-    rows = -(-rows // GROUP) * GROUP
-    return rows * cols * 4 if kind == "f32" else rows * (cols // BLOCK) * BLOCK_BYTES[kind]
+    return -(-rows // GROUP) * (cols // BLOCK) * PACKED_BYTES[kind]
 
 
 def native_weight_bytes(m: ModelConfig, matrix_kind: str, embed_kind: str) -> int:

@@ -1,11 +1,10 @@
 """Block-quantized weight matrices, as the native CPU kernel reads them (warmpath/kernels/).
 
-Two formats, both GGUF's own (blocks of 32 values along a row): Q4_1 (20 bytes: fp16 d, fp16 m, 16 bytes of
-nibbles; w = d * q + m, q in 0..15) and Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q). A GGUF checkpoint's
-Q4_1 / Q8_0 blocks are kept byte for byte, one row after another, so decoding from them reads exactly the
-weights the fp32 path dequantized, in one stream per row; its other types are converted to them at load
-(models/kernel_blocks.py: exactly for Q4_0 / Q5_0, near for Q4_K, requantized for the rest); a matrix without
-blocks is read as fp32.
+GGUF's own blocks, one row after another: Q4_1 (20 bytes per 32 values: fp16 d, fp16 m, 16 bytes of nibbles;
+w = d * q + m), Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q), and the file kinds the kernel multiplies as they
+are (int8 activations): Q5_0, Q4_K, Q6_K. A GGUF checkpoint's blocks of these kinds are kept byte for byte, so
+decoding from them reads exactly the weights the fp32 path dequantized; its other types are converted at load
+(models/kernel_blocks.py: exactly for Q4_0, requantized for the rest); a matrix without blocks is read as fp32.
 """
 
 from __future__ import annotations
@@ -13,18 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from warmpath.models.footprint import BLOCK, BLOCK_BYTES
+from warmpath.models.footprint import BLOCK, BLOCK_BYTES, row_bytes
+from warmpath.models.ggml_blocks import decode
 
-__all__ = ["BLOCK", "BLOCK_BYTES", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"]
+# The kinds the kernel reads as the GGUF file has them, beyond Q4_1 and Q8_0 (int8 activations only).
+FILE_KINDS = {"q5_0": GGMLQuantizationType.Q5_0, "q4_k": GGMLQuantizationType.Q4_K,
+              "q6_k": GGMLQuantizationType.Q6_K}
+
+__all__ = ["BLOCK", "BLOCK_BYTES", "FILE_KINDS", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"]
 
 
 @dataclass
 class QuantizedMatrix:
-    kind: str  # "q4_1" | "q8_0" | "f32"
+    kind: str  # "q4_1" | "q8_0" | "q5_0" | "q4_k" | "q6_k" | "f32"
     rows: int
     cols: int
-    data: torch.Tensor  # q4_1 / q8_0: uint8 [rows, cols / 32 * block bytes]; f32: float32 [rows, cols]
+    data: torch.Tensor  # blocks: uint8 [rows, a row's GGUF bytes]; f32: float32 [rows, cols]
 
     @property
     def nbytes(self) -> int:
@@ -34,6 +39,10 @@ class QuantizedMatrix:
         """fp32 [rows, cols], computed as the GGUF loader does (d * q + m, rounded twice)."""
         if self.kind == "f32":
             return self.data.clone()
+        if self.kind in FILE_KINDS:  # gguf's own decoding (models/ggml_blocks.py)
+            qtype = FILE_KINDS[self.kind]
+            return decode(self.data.reshape(-1, GGML_QUANT_SIZES[qtype][1]), qtype).values().reshape(self.rows,
+                                                                                                     self.cols)
         blocks = self.data.view(self.rows, self.cols // BLOCK, BLOCK_BYTES[self.kind])
         d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, blocks, 1]
         if self.kind == "q8_0":
@@ -50,7 +59,7 @@ class QuantizedMatrix:
 
 def from_gguf_blocks(raw: torch.Tensor, kind: str, rows: int, cols: int) -> QuantizedMatrix:
     """raw: the tensor's GGUF bytes (uint8), rows x cols/32 blocks."""
-    return QuantizedMatrix(kind, rows, cols, raw.reshape(rows, cols // BLOCK * BLOCK_BYTES[kind]).contiguous())
+    return QuantizedMatrix(kind, rows, cols, raw.reshape(rows, row_bytes(kind, cols)).contiguous())
 
 
 def concat_rows(parts: list[QuantizedMatrix]) -> QuantizedMatrix | None:

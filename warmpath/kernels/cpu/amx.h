@@ -180,8 +180,8 @@ AI void amx_tile(const int TYPE, const uint8_t *panel, const float *d, const flo
    once (panel: nb * 512 bytes, d and m: nb * 16 floats each) and multiplied by every 16-row tile of x. xq, dx
    and xs hold D16 >= D rows, the ones past D zero. */
 static void amx_groups(const wp_matrix *W, const int8_t *xq, const float *dxt, const float *xst, int D, float *y,
-                       int64_t g0, int64_t g1, uint8_t *panel, float *d, float *m) {
-    const int64_t N = W->rows, K = W->cols, nb = K / 32;
+                       int64_t N, int64_t g0, int64_t g1, uint8_t *panel, float *d, float *m) {
+    const int64_t K = W->cols, nb = K / 32; /* N: y's row stride */
     amx_configure();
     for (int64_t g = g0; g < g1; g += 2) {
         amx_panel(W, g, g1, panel, d, m);

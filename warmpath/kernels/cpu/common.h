@@ -23,19 +23,23 @@
 #define dpbusd(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #endif
 
-/* Matrix kinds (native.py KINDS) and activation modes. */
-enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2 };
+/* Matrix kinds (native.py KINDS) and activation modes. Q4_K, Q5_0 and Q6_K are the GGUF file's own blocks,
+   multiplied by int8 activations only (kquants.h). */
+enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2, WP_Q4_K = 3, WP_Q5_0 = 4, WP_Q6_K = 5 };
 #define WP_ACT_INT8 1
 
 /* KV cache element types (native.py KV_TYPES): the cache is read and written in its own dtype, the one the torch
    path shares it in. */
 enum { WP_KV_F32 = 0, WP_KV_BF16 = 1, WP_KV_F16 = 2 };
 
-/* The model as native.py hands it over (its ctypes structs Matrix, Layer, Model mirror these). */
-typedef struct {
-    int32_t type, rows, cols, act; /* act: WP_ACT_INT8 for int8 activations (Q4_1, Q8_0), else 0 */
+/* The model as native.py hands it over (its ctypes structs Matrix, Layer, Model mirror these). A fused matrix
+   whose members come in different kinds (Q4_K_M's Q4_K q/k beside a Q6_K v) is a chain of parts, each with its
+   own kind: `next` holds the rows after this part's. */
+typedef struct wp_matrix {
+    int32_t type, rows, cols, act; /* act: WP_ACT_INT8 for int8 activations, else 0; rows: this part's */
     const uint8_t *data;
-    const float *bias; /* [rows] or NULL */
+    const float *bias;             /* [rows] or NULL */
+    const struct wp_matrix *next;  /* the next part, or NULL */
 } wp_matrix;
 
 typedef struct {

@@ -31,12 +31,68 @@
      WP_Q4_1: 160 bytes: fp16 d[8], fp16 m[8], then 4 x 32 bytes; vector v, byte 4j + i =
               q[j][8v + i] | q[j][8v + 4 + i] << 4 (row j, i = 0..3): the low nibbles are 8 rows x columns
               8v..8v+3, the high ones 8 rows x columns 8v+4..8v+7
-     WP_Q8_0: 272 bytes: fp16 d[8], then 8 x 32 bytes; vector v, byte 4j + i = q[j][4v + i] */
+     WP_Q8_0: 272 bytes: fp16 d[8], then 8 x 32 bytes; vector v, byte 4j + i = q[j][4v + i]
+   The GGUF file's own blocks (int8 activations only; kquants.h has their products and numbers) keep their bytes
+   per weight; their quants take Q4_1's nibble order (above), "nibbles" below:
+     WP_Q5_0: 176 bytes a block: fp16 d[8], nibbles (128 bytes), the fifth bits (32 bytes: byte 4j + i, bit e: that
+              of row j's column 4e + i, e = 0..7); w = d (q - 16)
+     WP_Q4_K: 1184 bytes a super-block of 256 columns: fp16 d[8], fp16 dmin[8], u8 sc[8 blocks][8 rows],
+              u8 m[8][8], then each block's nibbles; w = (d sc) q - (dmin m)
+     WP_Q6_K: 1680 bytes a super-block: fp16 d[8], int8 sc[16 halves][8 rows], then per block its low nibbles
+              (128 bytes) and the high two bits (2 x 32 bytes; byte n of the first, bits 2e..2e+1: those of byte n
+              of the block's unpacked vector e (the low, then the high nibbles of vector 0, then of 1), the second
+              for vectors e + 4 (2, 3)); w = (d sc) (q - 32), a scale per 16 columns */
 #define TILE_R 6           /* most rows of x in one register tile */
 #define PANEL_ROWS 8       /* rows of x from which the panel path (panel_rows) is taken */
 #define PANEL_ROW_BLOCK 96 /* rows of x per pass over the weights in the panel path: 96 x 256 columns, 96 KB (L2) */
 #define PANEL_BLOCKS 8     /* blocks of 32 columns per panel pass: 2 groups x 256 columns x 8 rows = 16 KB */
-static inline int64_t block_bytes(int type) { return type == WP_Q4_1 ? 160 : type == WP_Q8_0 ? 272 : 1024; }
+/* Bytes of 8 rows x 32 columns (a K-quant's super-block holds 8 of them: its bytes are 8 x these). */
+static inline int64_t block_bytes(int type) {
+    switch (type) {
+        case WP_Q4_1: return 160;
+        case WP_Q8_0: return 272;
+        case WP_Q5_0: return 176;
+        case WP_Q4_K: return 148;
+        case WP_Q6_K: return 210;
+        default: return 1024;
+    }
+}
+static inline int is_file_kind(int type) { return type == WP_Q5_0 || type == WP_Q4_K || type == WP_Q6_K; }
+/* Whether a kind's products need the rows' block sums of x (its min term) or of xq per 16 columns (q - offset). */
+static inline int has_min_term(int type) { return type == WP_Q4_1 || type == WP_Q4_K; }
+static inline int has_offset(int type) { return type == WP_Q5_0 || type == WP_Q6_K; }
+
+/* Where a block's fields lie in the file's kinds (b: the block of 32 columns, j: the row in its group). */
+static inline const uint8_t *kq_super(int type, const uint8_t *grp, int64_t b) {
+    return grp + b / 8 * (type == WP_Q4_K ? 1184 : 1680);
+}
+static inline const uint8_t *kq_nibbles(int type, const uint8_t *grp, int64_t b) {
+    if (type == WP_Q5_0) return grp + b * 176 + 16;
+    return kq_super(type, grp, b) + (type == WP_Q4_K ? 160 + 128 * (b % 8) : 144 + 192 * (b % 8));
+}
+/* The unsigned quant of column k (0..31) of row j in block b, as stored (Q5_0: 0..31, Q4_K: 0..15, Q6_K: 0..63). */
+static inline int kq_quant(int type, const uint8_t *grp, int64_t b, int j, int k) {
+    const uint8_t *nib = kq_nibbles(type, grp, b);
+    const int at = 32 * (k / 8) + 4 * j + k % 4, e = 2 * (k / 8) + (k % 8 >= 4);
+    int q = k % 8 < 4 ? nib[at] & 15 : nib[at] >> 4;
+    if (type == WP_Q5_0) {
+        q |= (nib[128 + 4 * j + k % 4] >> e & 1) << 4;
+    } else if (type == WP_Q6_K) {
+        q |= (nib[128 + 32 * (e / 4) + 4 * j + k % 4] >> (2 * (e % 4)) & 3) << 4;
+    }
+    return q;
+}
+/* Column k's scale (Q5_0: d; Q4_K: d sc; Q6_K: d sc of its half) and Q4_K's offset dmin m, exact in fp32. */
+static inline float kq_scale(int type, const uint8_t *grp, int64_t b, int j, int k) {
+    if (type == WP_Q5_0) return load_half(grp + b * 176 + 2 * j);
+    const uint8_t *sb = kq_super(type, grp, b);
+    if (type == WP_Q4_K) return load_half(sb + 2 * j) * (float)sb[32 + 8 * (b % 8) + j];
+    return load_half(sb + 2 * j) * (float)(int8_t)sb[16 + 8 * (2 * (b % 8) + k / 16) + j];
+}
+static inline float kq_min(const uint8_t *grp, int64_t b, int j) {
+    const uint8_t *sb = kq_super(WP_Q4_K, grp, b);
+    return load_half(sb + 16 + 2 * j) * (float)sb[96 + 8 * (b % 8) + j];
+}
 
 /* The block sums X_b of each row of x (Q4_1's min term), in one fixed order. */
 static void block_sums(const float *x, int D, int64_t K, float *xs) {
@@ -65,7 +121,15 @@ static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = grp + b * bb;
         float *o = out + b * 32;
-        if (W->type == WP_F32) {
+        if (is_file_kind(W->type)) { /* gguf's own dequantization, the same roundings */
+            const int off = W->type == WP_Q5_0 ? 16 : W->type == WP_Q6_K ? 32 : 0;
+            const float m = W->type == WP_Q4_K ? kq_min(grp, b, (int)j) : 0.f;
+            for (int k = 0; k < 32; k++) {
+                const float s = kq_scale(W->type, grp, b, (int)j, k);
+                o[k] = W->type == WP_Q4_K ? s * (float)kq_quant(W->type, grp, b, (int)j, k) - m
+                                          : s * (float)(kq_quant(W->type, grp, b, (int)j, k) - off);
+            }
+        } else if (W->type == WP_F32) {
             for (int k = 0; k < 32; k++) memcpy(o + k, blk + 4 * (8 * k + j), 4);
         } else if (W->type == WP_Q8_0) {
             const float d = load_half(blk + 2 * j);
@@ -85,6 +149,7 @@ static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
 /* The kernels: headers that are part of this one and use the layout and macros above. */
 #ifdef WP_SIMD
 #include "tiles.h"
+#include "kquants.h"
 #include "panels.h"
 #include "amx.h"
 #else
@@ -92,35 +157,48 @@ static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
 #endif
 
 /* Rows of x from r0 on (R of them) times the groups g0..g1: whole groups through tiles() (tiles_i8() for int8
-   activations: xq set; skipped when whole_done), a last group of fewer than 8 real rows through a scratch tile
-   so nothing is written past row N. */
-static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, const int8_t *xq, const float *dx, int R,
-                          float *y, int64_t g0, int64_t g1, int fetch, int whole_done) {
+   activations: xq set, tiles_kq() for the file's kinds; skipped when whole_done), a last group of fewer than 8
+   real rows through a scratch tile so nothing is written past the part's last row. y's rows are ldy apart. */
+static void matmul_groups(const wp_matrix *W, const float *x, const float *xs, const int8_t *xq, const float *dx,
+                          const int32_t *xi, int R, float *y, int64_t ldy, int64_t g0, int64_t g1, int fetch,
+                          int whole_done) {
     const int64_t N = W->rows, full = N / 8, g1w = g1 < full ? g1 : full;
     if (!whole_done && g0 < g1w) {
-        if (xq) tiles_i8(W, xq, dx, xs, R, y + 8 * g0, N, g0, g1w, fetch);
-        else tiles(W, x, xs, R, y + 8 * g0, N, g0, g1w, fetch);
+        if (is_file_kind(W->type)) tiles_kq(W, xq, dx, xs, xi, R, y + 8 * g0, ldy, g0, g1w, fetch);
+        else if (xq) tiles_i8(W, xq, dx, xs, R, y + 8 * g0, ldy, g0, g1w, fetch);
+        else tiles(W, x, xs, R, y + 8 * g0, ldy, g0, g1w, fetch);
     }
     if (g1 > full) { /* the partial group */
         float tmp[TILE_R * 8];
-        if (xq) tiles_i8(W, xq, dx, xs, R, tmp, 8, full, full + 1, 0);
+        if (is_file_kind(W->type)) tiles_kq(W, xq, dx, xs, xi, R, tmp, 8, full, full + 1, 0);
+        else if (xq) tiles_i8(W, xq, dx, xs, R, tmp, 8, full, full + 1, 0);
         else tiles(W, x, xs, R, tmp, 8, full, full + 1, 0);
         for (int r = 0; r < R; r++)
-            for (int64_t n = 8 * full; n < N; n++) y[(int64_t)r * N + n] = tmp[r * 8 + (n - 8 * full)];
+            for (int64_t n = 8 * full; n < N; n++) y[(int64_t)r * ldy + n] = tmp[r * 8 + (n - 8 * full)];
     }
 }
 
-/* y[D][rows] = x[D][cols] @ W.T (+ bias): the weight groups split over the threads (each weight read once per
-   step, by one thread), every thread running all rows of x: fp32 in tiles of <= 4 rows or, for 8+ rows,
-   panels; int8 activations in tiles of <= 6 rows, over blocks of I8_ROW_BLOCK rows x I8_GROUPS groups (both
-   in L2 while the tiles pass over them). */
+/* The sums of each row's int8 x per 16 columns (the file's kinds with an offset: q - 16, q - 32). */
+static void quant_sums(const int8_t *xq, int D, int64_t K, int32_t *xi) {
+    for (int r = 0; r < D; r++)
+        for (int64_t h = 0; h < K / 16; h++) {
+            int32_t s = 0;
+            for (int k = 0; k < 16; k++) s += xq[(int64_t)r * K + 16 * h + k];
+            xi[(int64_t)r * (K / 16) + h] = s;
+        }
+}
+
+/* One part's y[D][rows] (rows ldy apart) = x[D][cols] @ W.T (+ bias): the weight groups split over the threads
+   (each weight read once per step, by one thread), every thread running all rows of x: fp32 in tiles of <= 4 rows
+   or, for 8+ rows, panels; int8 activations in tiles of <= 6 rows, over blocks of I8_ROW_BLOCK rows x I8_GROUPS
+   groups (both in L2 while the tiles pass over them). */
 #define I8_ROW_BLOCK 96
 #define I8_GROUPS 16
-static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
+static int matmul_part(const wp_matrix *W, const float *x, int D, float *y, int64_t ldy, int nthreads) {
     const int64_t N = W->rows, K = W->cols, nb = K / 32, NG = (N + 7) / 8;
-    const int int8 = W->act == WP_ACT_INT8 && W->type != WP_F32;
+    const int int8 = is_file_kind(W->type) || (W->act == WP_ACT_INT8 && W->type != WP_F32);
 #ifdef WP_AMX
-    const int amx = int8 && D >= AMX_MIN_ROWS && amx_usable();
+    const int amx = int8 && !is_file_kind(W->type) && D >= AMX_MIN_ROWS && amx_usable();
 #else
     const int amx = 0;
 #endif
@@ -128,12 +206,14 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
     float *xs = (float *)calloc((size_t)(D16 * nb + 1), sizeof(float));
     float *dx = int8 ? (float *)calloc((size_t)(D16 * nb + 1), sizeof(float)) : NULL;
     int8_t *xq = int8 ? (int8_t *)malloc((size_t)D16 * K + 1) : NULL;
-    if (!xs || (int8 && (!dx || !xq))) {
-        free(xs), free(dx), free(xq);
+    int32_t *xi = has_offset(W->type) ? (int32_t *)malloc(((size_t)D * (K / 16) + 1) * sizeof(int32_t)) : NULL;
+    if (!xs || (int8 && (!dx || !xq)) || (has_offset(W->type) && !xi)) {
+        free(xs), free(dx), free(xq), free(xi);
         return -1;
     }
-    if (W->type == WP_Q4_1) block_sums(x, D, K, xs);
+    if (has_min_term(W->type)) block_sums(x, D, K, xs);
     if (int8) quantize_rows(x, D, K, xq, dx, nthreads);
+    if (xi) quant_sums(xq, D, K, xi);
     if (int8 && D16 > D) memset(xq + (int64_t)D * K, 0, (size_t)(D16 - D) * K);
 #ifdef WP_AMX
     /* dx and xs tile by tile, block-major (tile t, block b, row i at (t * nb + b) * 16 + i): the 16 rows' scales
@@ -141,7 +221,7 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
     float *dxt = amx ? (float *)calloc((size_t)(2 * D16 * nb + 1), sizeof(float)) : NULL;
     float *xst = dxt ? dxt + D16 * nb : NULL;
     if (amx && !dxt) {
-        free(xs), free(dx), free(xq);
+        free(xs), free(dx), free(xq), free(xi);
         return -1;
     }
     for (int r = 0; amx && r < D; r++)
@@ -165,13 +245,13 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
         if (panel) {
             const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
             float *d = (float *)(panel + nb * 512), *m = d + nb * 16;
-            if (g0 < f1) amx_groups(W, xq, dxt, xst, D, y + 8 * g0, g0, f1, panel, d, m);
+            if (g0 < f1) amx_groups(W, xq, dxt, xst, D, y + 8 * g0, ldy, g0, f1, panel, d, m);
             free(panel);
             if (g1 > f1) /* the partial group */
                 for (int r0 = 0; r0 < D; r0 += TILE_R) {
                     const int R = D - r0 < TILE_R ? D - r0 : TILE_R;
-                    matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, R,
-                                  y + (int64_t)r0 * N, g0, g1, 0, 1);
+                    matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, NULL,
+                                  R, y + (int64_t)r0 * ldy, ldy, g0, g1, 0, 1);
                 }
         } else
 #endif
@@ -184,8 +264,9 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
                     const int64_t c1 = c0 + chunk < g1 ? c0 + chunk : g1;
                     for (int i = 0, r0 = rb0; i < T; i++) { /* tiles of <= 6 rows, as even as possible */
                         const int R = DB / T + (i < DB % T);
-                        matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, R,
-                                      y + (int64_t)r0 * N, c0, c1, D <= TILE_R && i == 0, 0);
+                        matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb,
+                                      xi ? xi + (int64_t)r0 * (K / 16) : NULL, R, y + (int64_t)r0 * ldy, ldy, c0, c1,
+                                      D <= TILE_R && i == 0, 0);
                         r0 += R;
                     }
                 }
@@ -195,24 +276,35 @@ static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthre
 #ifdef WP_SIMD
             const int64_t f1 = g1 < N / 8 ? g1 : N / 8;
             /* many rows: convert each weight once, for all of them (else the tiles below, a failed allocation too) */
-            if (D >= PANEL_ROWS && g0 < f1) whole_done = panel_rows(W, x, xs, D, y + 8 * g0, N, g0, f1) == 0;
+            if (D >= PANEL_ROWS && g0 < f1) whole_done = panel_rows(W, x, xs, D, y + 8 * g0, ldy, g0, f1) == 0;
 #endif
             /* x in tiles of <= 4 rows, as even as possible (16 rows: 4 x 4; 6: 3 + 3). */
             const int T = (D + 3) / 4;
             for (int i = 0, r0 = 0; i < T; i++) {
                 const int R = D / T + (i < D % T);
-                matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, NULL, NULL, R, y + (int64_t)r0 * N, g0, g1,
-                              i == 0, whole_done);
+                matmul_groups(W, x + (int64_t)r0 * K, xs + (int64_t)r0 * nb, NULL, NULL, NULL, R, y + (int64_t)r0 * ldy,
+                              ldy, g0, g1, i == 0, whole_done);
                 r0 += R;
             }
         }
         if (W->bias)
             for (int r = 0; r < D; r++)
-                for (int64_t n = 8 * g0; n < 8 * g1 && n < N; n++) y[(int64_t)r * N + n] += W->bias[n];
+                for (int64_t n = 8 * g0; n < 8 * g1 && n < N; n++) y[(int64_t)r * ldy + n] += W->bias[n];
     }
 #ifdef WP_AMX
     free(dxt);
 #endif
-    free(xs), free(dx), free(xq);
+    free(xs), free(dx), free(xq), free(xi);
+    return 0;
+}
+
+/* y[D][rows of all parts] = x[D][cols] @ W.T (+ bias): each part of the chain into its columns of y. */
+static int matmul(const wp_matrix *W, const float *x, int D, float *y, int nthreads) {
+    int64_t ldy = 0, at = 0;
+    for (const wp_matrix *P = W; P; P = P->next) ldy += P->rows;
+    for (const wp_matrix *P = W; P; at += P->rows, P = P->next) {
+        const int rc = matmul_part(P, x, D, y + at, ldy, nthreads);
+        if (rc) return rc;
+    }
     return 0;
 }
