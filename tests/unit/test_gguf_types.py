@@ -100,21 +100,22 @@ def test_logits_equal_transformers_on_the_same_file(every_type_file):
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda q: q.name)
 def test_kernel_blocks_of_each_type(qtype):
-    """Q4_1 / Q8_0 / Q5_0 / Q4_K / Q6_K kept as the file has them, Q4_0 -> Q4_1 exact, the rest requantized to
-    Q8_0 within half a step (and the step's own fp16 rounding, up to 127 * 2^-11 of a step). For fp32
-    activations (Q4_1 / Q8_0 products only): Q5_0 -> Q8_0 exact, Q4_K -> Q4_1 to fp16 scales, Q6_K requantized."""
+    """Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K kept as the file has them, the rest requantized to Q8_0
+    within half a step (and the step's own fp16 rounding, up to 127 * 2^-11 of a step). For fp32 activations
+    (Q4_1 / Q8_0 products only): Q4_0 -> Q4_1 and Q5_0 -> Q8_0 exact, Q4_K -> Q4_1 to fp16 scales, Q5_K / Q6_K
+    requantized."""
     x = np.random.default_rng(3).normal(size=(16, 512)).astype(np.float32) * 0.05
     raw = QUANTIZERS[qtype.name](x)[0] if qtype.name in QUANTIZERS else gguf_quantize(x, qtype)
     values = dequantize(raw, qtype)
     q = convert(raw_blocks(raw, qtype), qtype, lambda: values, 16, 512, kernel_kind(qtype))
     assert q.kind == kernel_kind(qtype) and q.data.dtype == torch.uint8 and q.rows == 16
-    if qtype in (Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K):
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
         assert q.kind == qtype.name.lower() and torch.equal(q.data.reshape(-1), raw_blocks(raw, qtype).reshape(-1))
     fp32 = for_fp32_activations(q)
     assert fp32.kind in ("q4_1", "q8_0")
     for m in (q, fp32):
         got, exact = m.dequantize().reshape(-1), values
-        if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0) or m is q and qtype in (Q.Q4_K, Q.Q6_K):
+        if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0) or m is q and qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
             assert torch.equal(got, exact)
         elif qtype == Q.Q4_K:
             assert not torch.equal(got, exact) and (got - exact).abs().max() < 2e-3 * exact.abs().max()
@@ -171,16 +172,20 @@ def test_a_uniform_q6_k_file_is_counted_by_the_footprint(tmp_path, activations, 
     assert llm.engine.runner.native.weight_bytes == native_weight_bytes(llm.model_config, kind, "q6_k")
 
 
-def test_int8_products_over_the_files_own_k_quant_blocks(tmp_path):
-    """Int8 activations multiply Q4_K_M's Q4_K / Q6_K blocks as the file has them, a fused q|k|v of Q4_K and
-    Q6_K as a chain of parts: logits near the exact weights' (only the activations' rounding differs), and a
-    sequence's logits the same bit for bit alone or beside another (other tile shapes)."""
-    path, _, _ = write_gguf(tmp_path / "m.gguf", "qwen2", q4_k_m(4), QWEN_VOCAB, num_layers=4)
+@pytest.mark.parametrize(("rule", "kinds"), [("q4_k_m", ["q4_k", "q6_k"]),
+                                             ("every_type", ["f32", "q4_0", "q4_1", "q4_k", "q5_0", "q5_k", "q6_k",
+                                                             "q8_0"])])
+def test_int8_products_over_the_files_own_blocks(tmp_path, rule, kinds):
+    """Int8 activations multiply a file's blocks as it has them (Q5_1 / Q2_K / Q3_K as Q8_0, F16 / BF16 as fp32),
+    a fused q|k|v of Q4_K and Q6_K as a chain of parts: logits near the exact weights' (only the activations'
+    rounding differs), and a sequence's logits the same bit for bit alone or beside another (other tiles)."""
+    types = every_type if rule == "every_type" else q4_k_m(4)
+    path, _, _ = write_gguf(tmp_path / "m.gguf", "qwen2", types, QWEN_VOCAB, num_layers=4)
     ckpt = load_checkpoint(str(path), torch.float32)
     cfg = ckpt.config
     kv = allocate_kv_cache(cfg, 32, 16, torch.float32, "cpu")
     kernel = NativeForward(cfg, ckpt.weights, ckpt.quantized, kv, 16, activations="int8")
-    assert kernel.weight_kinds == ["q4_k", "q6_k"] and kernel.activations == "int8"
+    assert kernel.weight_kinds == kinds and kernel.activations == "int8"
     runner = ModelRunner(LlamaForCausalLM.from_weights(cfg, ckpt.weights, torch.float32, "cpu"), kv, 16)
     tok = ckpt.tokenizer
     prompts = [tok.encode(PROMPT), tok.encode("import os\nprint(os.getcwd())\n")]

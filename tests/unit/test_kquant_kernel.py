@@ -1,6 +1,6 @@
-"""The kernel's products over a GGUF file's own Q5_0 / Q4_K / Q6_K blocks (cpu/kquants.h, int8 activations): token
-rows read out of the packed blocks are gguf's dequantization bit for bit, and the products are kquants.h's integer
-sums, on this CPU's build, an AVX2 build and the plain-C one."""
+"""The kernel's products over a GGUF file's own Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K blocks (cpu/kquants.h, int8
+activations): token rows read out of the packed blocks are gguf's dequantization bit for bit, and the products are
+kquants.h's integer sums, on this CPU's build, an AVX2 build and the plain-C one."""
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from warmpath.kernels import native
 from warmpath.models.ggml_blocks import decode
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
 
-KINDS = [("q5_0", 96), ("q4_k", 512), ("q6_k", 512)]
+KINDS = [("q4_0", 96), ("q5_0", 96), ("q4_k", 512), ("q5_k", 512), ("q6_k", 512)]
 
 
 def file_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[QuantizedMatrix, torch.Tensor]:
@@ -31,12 +31,12 @@ def file_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[Quantiz
 
 def reference(q: QuantizedMatrix, x: torch.Tensor) -> torch.Tensor:
     """kquants.h's numbers in torch: x quantized per 32 columns as for Q4_1 / Q8_0, each sub-block's (Q6_K: 16
-    columns) exact integer sum of (q - offset) * xq scaled by its exact scale times dx; Q4_K's min term from the
-    fp32 x."""
+    columns) exact integer sum of (q - offset) * xq scaled by its exact scale times dx; Q4_K / Q5_K's min term from
+    the fp32 x."""
     qtype = Q[q.kind.upper()]
     sub = decode(q.data.reshape(-1, GGML_QUANT_SIZES[qtype][1]), qtype)
     per, D, nb = 16 if q.kind == "q6_k" else 32, x.shape[0], q.cols // 32
-    quants = sub.q.view(q.rows, q.cols // per, per).long()  # signed (q - offset); Q4_K: 0..15
+    quants = sub.q.view(q.rows, q.cols // per, per).long()  # signed (q - offset); Q4_K / Q5_K: unsigned
     xb = x.float().view(D, nb, 32)
     amax = xb.abs().amax(-1)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
@@ -44,7 +44,7 @@ def reference(q: QuantizedMatrix, x: torch.Tensor) -> torch.Tensor:
     dx = (amax / 127.0).repeat_interleave(32 // per, dim=1)
     scale = sub.scale.view(q.rows, q.cols // per)[None] * dx[:, None, :]  # rounded in fp32, as the kernel does
     y = (scale.double() * torch.einsum("rsk,dsk->drs", quants, xq).double()).sum(-1)
-    if q.kind == "q4_k":
+    if q.kind in ("q4_k", "q5_k"):
         y += xb.sum(-1).double() @ sub.offset.view(q.rows, nb).double().T
     return y
 

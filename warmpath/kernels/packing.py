@@ -1,6 +1,6 @@
 """The kernel's weight layout (cpu/matmul.h, "Packed weights"): a QuantizedMatrix's blocks rearranged so one load
 gives 8 output rows' quants at once. The same values as the checkpoint's blocks, about the same bytes (the file
-kinds: their bytes; Q4_K: 2.8% more, its 6-bit scales a byte each)."""
+kinds: their bytes; Q4_K / Q5_K: 2.8% / 2.3% more, their 6-bit scales a byte each)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 
 from warmpath.kernels.build import NativeKernelError
 from warmpath.models.footprint import GROUP  # output rows per packed group: one AVX2 vector
-from warmpath.models.ggml_blocks import _scale_min_k4, q5_quants
+from warmpath.models.ggml_blocks import _nibbles, _scale_min_k4, q5_quants
 from warmpath.models.quant import BLOCK, BLOCK_BYTES, FILE_KINDS, QuantizedMatrix
 
-KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_0": 4, "q6_k": 5}  # cpu/common.h WP_*
+KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_0": 4, "q6_k": 5, "q4_0": 6, "q5_k": 7}  # cpu/common.h WP_*
 
 
 def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
@@ -74,35 +74,48 @@ def _grouped(raw: torch.Tensor, groups: int, pad: int) -> torch.Tensor:
     return raw.view(groups, GROUP, *raw.shape[1:]).transpose(1, 2)
 
 
+def _fifth_bits(quants: torch.Tensor) -> torch.Tensor:
+    """uint8 [group, block, row, 32] (5-bit) -> [group, block, 32]: byte 4j + i, bit e = bit 4 of q[j][4e + i]."""
+    g, nb = quants.shape[:2]
+    fifth = (_unpacked_vectors(quants) >> 4).reshape(g, nb, 8, 32)  # [group, block, e, 4j + i]
+    return (fifth << torch.arange(8, dtype=torch.uint8).view(8, 1)).sum(-2, dtype=torch.uint8)
+
+
 def _pack_file_kind(q: QuantizedMatrix, groups: int, pad: int) -> torch.Tensor:
-    """Q5_0, Q4_K, Q6_K in cpu/matmul.h's layouts (kquants.h multiplies them)."""
-    nb = q.cols // BLOCK
-    if q.kind == "q5_0":
-        raw = q.data.view(q.rows, nb, 22)
-        quants = q5_quants(raw.reshape(-1, 22), 2).view(q.rows, nb, 32)
-        blk, quants = _grouped(raw, groups, pad), _grouped(quants, groups, pad)  # [group, block, row, ...]
-        out = torch.empty(groups, nb, 176, dtype=torch.uint8)
+    """Q4_0, Q5_0, Q4_K, Q5_K, Q6_K in cpu/matmul.h's layouts (kquants.h multiplies them)."""
+    nb, ns = q.cols // BLOCK, q.cols // 256
+    if q.kind in ("q4_0", "q5_0"):
+        size = 18 if q.kind == "q4_0" else 22
+        raw = q.data.view(q.rows, nb, size)
+        flat = raw.reshape(-1, size)
+        quants = _nibbles(flat[:, 2:]).view(-1, 32) if q.kind == "q4_0" else q5_quants(flat, 2)
+        blk, quants = _grouped(raw, groups, pad), _grouped(quants.view(q.rows, nb, 32), groups, pad)
+        out = torch.empty(groups, nb, 8 * size, dtype=torch.uint8)
         out[..., :16].view(groups, nb, GROUP, 2).copy_(blk[..., 0:2])
         out[..., 16:144].view(groups, nb, 4, GROUP, 4).copy_(_nibble_vectors(quants))
-        fifth = (_unpacked_vectors(quants) >> 4).reshape(groups, nb, 8, 32)  # [group, block, e, 4j + i]
-        shifts = torch.arange(8, dtype=torch.uint8).view(8, 1)
-        out[..., 144:].copy_((fifth << shifts).sum(-2, dtype=torch.uint8))  # byte 4j + i, bit e
+        if q.kind == "q5_0":
+            out[..., 144:].copy_(_fifth_bits(quants))
         return out.reshape(-1)
-    ns = q.cols // 256
-    if q.kind == "q4_k":
-        raw = q.data.view(q.rows * ns, 144)
+    if q.kind in ("q4_k", "q5_k"):
+        size, qs_at, per = (144, 16, 128) if q.kind == "q4_k" else (176, 48, 160)
+        raw = q.data.view(q.rows * ns, size)
         sc, mn = _scale_min_k4(raw[:, 4:16])
-        qs = raw[:, 16:144].reshape(-1, 4, 1, 32)
-        quants = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(q.rows, ns * 8, 32)  # sub-block j: 32 values
-        fields = _grouped(raw.view(q.rows, ns, 144), groups, pad)  # [group, super, row, bytes]
-        quants = _grouped(quants, groups, pad)
-        out = torch.empty(groups, ns, 1184, dtype=torch.uint8)
+        qs = raw[:, qs_at:qs_at + 128].reshape(-1, 4, 1, 32)
+        quants = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 8, 32)  # sub-block j: 32 values
+        if q.kind == "q5_k":  # bit j of qh[l]: value 32 j + l's fifth bit
+            quants = quants | (((raw[:, 16:48].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1) << 4)
+        fields = _grouped(raw.view(q.rows, ns, size), groups, pad)  # [group, super, row, bytes]
+        quants = _grouped(quants.reshape(q.rows, ns * 8, 32), groups, pad)
+        out = torch.empty(groups, ns, 32 + 128 + 8 * per, dtype=torch.uint8)
         out[..., 0:16].view(groups, ns, GROUP, 2).copy_(fields[..., 0:2])
         out[..., 16:32].view(groups, ns, GROUP, 2).copy_(fields[..., 2:4])
         for at, field in ((32, sc), (96, mn)):  # [group, super, block, row]
             out[..., at:at + 64].view(groups, ns, 8, GROUP).copy_(
                 _grouped(field.view(q.rows, ns, 8), groups, pad).transpose(-1, -2))
-        out[..., 160:].copy_(_nibble_vectors(quants).reshape(groups, ns, 1024))
+        blocks = out[..., 160:].view(groups, ns, 8, per)
+        blocks[..., :128].copy_(_nibble_vectors(quants).reshape(groups, ns, 8, 128))
+        if q.kind == "q5_k":
+            blocks[..., 128:].copy_(_fifth_bits(quants).view(groups, ns, 8, 32))
         return out.reshape(-1)
     # q6_k: ql 128, qh 64, scales 16 (int8), d
     raw = q.data.view(q.rows * ns, 210)

@@ -11,11 +11,14 @@ from warmpath.config import ModelConfig
 BLOCK = 32  # values per quantized block along a row (GGUF's Q4_1 / Q8_0)
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
 # The blocks the kernel reads as the file has them: (values, bytes) of one GGUF block.
-FILE_BLOCKS = {"q4_1": (32, 20), "q8_0": (32, 34), "q5_0": (32, 22), "q4_k": (256, 144), "q6_k": (256, 210)}
+FILE_BLOCKS = {"q4_1": (32, 20), "q8_0": (32, 34), "q4_0": (32, 18), "q5_0": (32, 22), "q4_k": (256, 144),
+               "q5_k": (256, 176), "q6_k": (256, 210)}
 GROUP = 8  # the native kernel packs output rows in groups of 8 (zero rows pad the last)
 # Bytes of a packed group's 8 rows x 32 columns (kernels/cpu/matmul.h block_bytes): the file's bytes, but Q4_K's
-# scales and mins, 6-bit in the file, take a byte each in the kernel (1184 bytes where the file has 1152).
-PACKED_BYTES = {"q4_1": 160, "q8_0": 272, "q5_0": 176, "q4_k": 148, "q6_k": 210, "f32": 1024}
+# and Q5_K's scales and mins, 6-bit in the file, take a byte each in the kernel (Q4_K: 1184 bytes where the file has
+# 1152).
+PACKED_BYTES = {"q4_1": 160, "q8_0": 272, "q4_0": 144, "q5_0": 176, "q4_k": 148, "q5_k": 180, "q6_k": 210,
+                "f32": 1024}
 
 
 def row_bytes(kind: str, cols: int) -> int:

@@ -1,14 +1,13 @@
 """GGUF tensors -> the blocks the native kernel multiplies (models/quant.py), converted at load where needed.
 
-With int8 activations the kernel multiplies a file's Q4_1, Q8_0, Q5_0, Q4_K and Q6_K blocks as they are (its
-resident weights take the file's bytes). Its other types are converted once, here:
-- Q4_0 -> Q4_1: exact (the same d, m = -8 d: the same values bit for bit).
-- Q5_1, Q2_K, Q3_K, Q5_K -> Q8_0 requantized from the exact fp32 values (llama.cpp's Q8_0 rounding:
-  d = max|x| / 127, q = round(x / d); an error of at most d / 2 a weight, 8.5 bits a weight).
-- F32 / F16 / BF16: none (the kernel reads the fp32 weights: exact).
-fp32 activations have products for Q4_1 and Q8_0 blocks only (for_fp32_activations): Q5_0 -> Q8_0 exact (q - 16
-as int8), Q4_K -> Q4_1 (each 32-value sub-block keeps its 4-bit q; its scale d * sc and offset -dmin * m rounded
-to fp16: relative 2^-11 on a sub-block's scale, far below Q4_K's own step), Q6_K -> Q8_0 requantized.
+With int8 activations the kernel multiplies a file's Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K blocks as they
+are (its resident weights take the file's bytes). Its other types (Q5_1, Q2_K, Q3_K) are requantized to Q8_0 once,
+here, from the exact fp32 values (llama.cpp's Q8_0 rounding: d = max|x| / 127, q = round(x / d); an error of at
+most d / 2 a weight, 8.5 bits a weight); F32 / F16 / BF16 matrices are read as fp32 (exact).
+fp32 activations have products for Q4_1 and Q8_0 blocks only (for_fp32_activations): Q4_0 -> Q4_1 and Q5_0 ->
+Q8_0 exact (the same d, m = -8 d; q - 16 as int8), Q4_K -> Q4_1 (each 32-value sub-block keeps its 4-bit q; its
+scale d * sc and offset -dmin * m rounded to fp16: relative 2^-11 on a sub-block's scale, far below Q4_K's own
+step), Q5_K / Q6_K -> Q8_0 requantized.
 The fp32 weights the torch model computes with are always the file's exact values (models/ggml_blocks.py).
 """
 
@@ -23,15 +22,15 @@ from warmpath.models.ggml_blocks import K_TYPES, decode, q4_k_parts, q5_quants
 from warmpath.models.quant import BLOCK, FILE_KINDS, QuantizedMatrix
 
 Q = GGMLQuantizationType
-AS_IS = {Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.Q5_0: "q5_0", Q.Q4_K: "q4_k", Q.Q6_K: "q6_k"}  # the file's bytes
-EXACT = {Q.Q4_0: "q4_1"}  # converted, no change to a value
+AS_IS = {t: t.name.lower() for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)}  # the file's bytes
 REQUANTIZED = {Q.Q5_1: "q8_0", **{t: "q8_0" for t in K_TYPES if t not in AS_IS}}
-FP32_KINDS = {"q5_0": "q8_0", "q4_k": "q4_1", "q6_k": "q8_0"}  # for fp32 activations (for_fp32_activations)
+# for fp32 activations (for_fp32_activations)
+FP32_KINDS = {"q4_0": "q4_1", "q5_0": "q8_0", "q4_k": "q4_1", "q5_k": "q8_0", "q6_k": "q8_0"}
 
 
 def kernel_kind(qtype: GGMLQuantizationType) -> str | None:
     """The kernel's block kind a tensor of this type is read as (None: fp32)."""
-    return AS_IS.get(qtype) or EXACT.get(qtype) or REQUANTIZED.get(qtype)
+    return AS_IS.get(qtype) or REQUANTIZED.get(qtype)
 
 
 def _f16_bytes(x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +74,7 @@ def convert(raw: torch.Tensor, qtype: GGMLQuantizationType, values: Callable[[],
         return None
     if qtype in AS_IS and kind == AS_IS[qtype]:
         data = raw
-    elif qtype == Q.Q4_0:  # w = d (q - 8) = d q + (-8 d): -8 d is exact in fp16, so is every sum
+    elif qtype == Q.Q4_0 and kind == "q4_1":  # w = d (q - 8) = d q + (-8 d): -8 d is exact in fp16, so is every sum
         sub = decode(raw, qtype)
         data = q4_1_blocks(sub.scale, sub.q + 8.0, -8.0 * sub.scale)
     elif qtype == Q.Q5_0 and kind == "q8_0":  # the same d; q - 16 as int8 (uint8 arithmetic wraps)

@@ -1,10 +1,11 @@
 """Block-quantized weight matrices, as the native CPU kernel reads them (warmpath/kernels/).
 
 GGUF's own blocks, one row after another: Q4_1 (20 bytes per 32 values: fp16 d, fp16 m, 16 bytes of nibbles;
-w = d * q + m), Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q), and the file kinds the kernel multiplies as they
-are (int8 activations): Q5_0, Q4_K, Q6_K. A GGUF checkpoint's blocks of these kinds are kept byte for byte, so
-decoding from them reads exactly the weights the fp32 path dequantized; its other types are converted at load
-(models/kernel_blocks.py: exactly for Q4_0, requantized for the rest); a matrix without blocks is read as fp32.
+w = d * q + m), Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q), and the file kinds the kernel multiplies as
+they are (int8 activations): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. A GGUF checkpoint's blocks of these kinds are kept
+byte for byte, so decoding from them reads exactly the weights the fp32 path dequantized; its other types are
+converted at load
+(models/kernel_blocks.py: requantized to Q8_0); a matrix without blocks is read as fp32.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from warmpath.models.footprint import BLOCK, BLOCK_BYTES, row_bytes
 from warmpath.models.ggml_blocks import decode
 
 # The kinds the kernel reads as the GGUF file has them, beyond Q4_1 and Q8_0 (int8 activations only).
-FILE_KINDS = {"q5_0": GGMLQuantizationType.Q5_0, "q4_k": GGMLQuantizationType.Q4_K,
-              "q6_k": GGMLQuantizationType.Q6_K}
+FILE_KINDS = {k: GGMLQuantizationType[k.upper()] for k in ("q4_0", "q5_0", "q4_k", "q5_k", "q6_k")}
 
 __all__ = ["BLOCK", "BLOCK_BYTES", "FILE_KINDS", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"]
 
 
 @dataclass
 class QuantizedMatrix:
-    kind: str  # "q4_1" | "q8_0" | "q5_0" | "q4_k" | "q6_k" | "f32"
+    kind: str  # "q4_1" | "q8_0" | a FILE_KINDS kind | "f32"
     rows: int
     cols: int
     data: torch.Tensor  # blocks: uint8 [rows, a row's GGUF bytes]; f32: float32 [rows, cols]

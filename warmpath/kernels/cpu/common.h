@@ -23,9 +23,9 @@
 #define dpbusd(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #endif
 
-/* Matrix kinds (native.py KINDS) and activation modes. Q4_K, Q5_0 and Q6_K are the GGUF file's own blocks,
-   multiplied by int8 activations only (kquants.h). */
-enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2, WP_Q4_K = 3, WP_Q5_0 = 4, WP_Q6_K = 5 };
+/* Matrix kinds (packing.py KINDS) and activation modes. Q4_K, Q5_0, Q6_K, Q4_0 and Q5_K are the GGUF file's own
+   blocks, multiplied by int8 activations only (kquants.h). */
+enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2, WP_Q4_K = 3, WP_Q5_0 = 4, WP_Q6_K = 5, WP_Q4_0 = 6, WP_Q5_K = 7 };
 #define WP_ACT_INT8 1
 
 /* KV cache element types (native.py KV_TYPES): the cache is read and written in its own dtype, the one the torch

@@ -34,10 +34,12 @@
      WP_Q8_0: 272 bytes: fp16 d[8], then 8 x 32 bytes; vector v, byte 4j + i = q[j][4v + i]
    The GGUF file's own blocks (int8 activations only; kquants.h has their products and numbers) keep their bytes
    per weight; their quants take Q4_1's nibble order (above), "nibbles" below:
+     WP_Q4_0: 144 bytes a block: fp16 d[8], nibbles (128 bytes); w = d (q - 8)
      WP_Q5_0: 176 bytes a block: fp16 d[8], nibbles (128 bytes), the fifth bits (32 bytes: byte 4j + i, bit e: that
               of row j's column 4e + i, e = 0..7); w = d (q - 16)
      WP_Q4_K: 1184 bytes a super-block of 256 columns: fp16 d[8], fp16 dmin[8], u8 sc[8 blocks][8 rows],
               u8 m[8][8], then each block's nibbles; w = (d sc) q - (dmin m)
+     WP_Q5_K: 1440 bytes a super-block: as Q4_K's, each block's nibbles followed by its fifth bits (as Q5_0's)
      WP_Q6_K: 1680 bytes a super-block: fp16 d[8], int8 sc[16 halves][8 rows], then per block its low nibbles
               (128 bytes) and the high two bits (2 x 32 bytes; byte n of the first, bits 2e..2e+1: those of byte n
               of the block's unpacked vector e (the low, then the high nibbles of vector 0, then of 1), the second
@@ -54,43 +56,50 @@ static inline int64_t block_bytes(int type) {
         case WP_Q5_0: return 176;
         case WP_Q4_K: return 148;
         case WP_Q6_K: return 210;
+        case WP_Q4_0: return 144;
+        case WP_Q5_K: return 180;
         default: return 1024;
     }
 }
-static inline int is_file_kind(int type) { return type == WP_Q5_0 || type == WP_Q4_K || type == WP_Q6_K; }
+static inline int is_file_kind(int type) { return type >= WP_Q4_K; }
+static inline int is_super_kind(int type) { return type == WP_Q4_K || type == WP_Q5_K || type == WP_Q6_K; }
 /* Whether a kind's products need the rows' block sums of x (its min term) or of xq per 16 columns (q - offset). */
-static inline int has_min_term(int type) { return type == WP_Q4_1 || type == WP_Q4_K; }
-static inline int has_offset(int type) { return type == WP_Q5_0 || type == WP_Q6_K; }
+static inline int has_min_term(int type) { return type == WP_Q4_1 || type == WP_Q4_K || type == WP_Q5_K; }
+static inline int has_offset(int type) { return type == WP_Q5_0 || type == WP_Q6_K || type == WP_Q4_0; }
+static inline int has_fifth_bits(int type) { return type == WP_Q5_0 || type == WP_Q5_K; }
+static inline int kq_offset(int type) { return type == WP_Q4_0 ? 8 : type == WP_Q5_0 ? 16 : type == WP_Q6_K ? 32 : 0; }
 
 /* Where a block's fields lie in the file's kinds (b: the block of 32 columns, j: the row in its group). */
 static inline const uint8_t *kq_super(int type, const uint8_t *grp, int64_t b) {
-    return grp + b / 8 * (type == WP_Q4_K ? 1184 : 1680);
+    return grp + b / 8 * (8 * block_bytes(type));
 }
 static inline const uint8_t *kq_nibbles(int type, const uint8_t *grp, int64_t b) {
-    if (type == WP_Q5_0) return grp + b * 176 + 16;
-    return kq_super(type, grp, b) + (type == WP_Q4_K ? 160 + 128 * (b % 8) : 144 + 192 * (b % 8));
+    if (!is_super_kind(type)) return grp + b * block_bytes(type) + 16;
+    const int64_t per = type == WP_Q4_K ? 128 : type == WP_Q5_K ? 160 : 192;
+    return kq_super(type, grp, b) + (type == WP_Q6_K ? 144 : 160) + per * (b % 8);
 }
 /* The unsigned quant of column k (0..31) of row j in block b, as stored (Q5_0: 0..31, Q4_K: 0..15, Q6_K: 0..63). */
 static inline int kq_quant(int type, const uint8_t *grp, int64_t b, int j, int k) {
     const uint8_t *nib = kq_nibbles(type, grp, b);
     const int at = 32 * (k / 8) + 4 * j + k % 4, e = 2 * (k / 8) + (k % 8 >= 4);
     int q = k % 8 < 4 ? nib[at] & 15 : nib[at] >> 4;
-    if (type == WP_Q5_0) {
+    if (has_fifth_bits(type)) {
         q |= (nib[128 + 4 * j + k % 4] >> e & 1) << 4;
     } else if (type == WP_Q6_K) {
         q |= (nib[128 + 32 * (e / 4) + 4 * j + k % 4] >> (2 * (e % 4)) & 3) << 4;
     }
     return q;
 }
-/* Column k's scale (Q5_0: d; Q4_K: d sc; Q6_K: d sc of its half) and Q4_K's offset dmin m, exact in fp32. */
+/* Column k's scale (Q4_0 / Q5_0: d; Q4_K / Q5_K: d sc; Q6_K: d sc of its half) and Q4_K / Q5_K's offset dmin m,
+   exact in fp32. */
 static inline float kq_scale(int type, const uint8_t *grp, int64_t b, int j, int k) {
-    if (type == WP_Q5_0) return load_half(grp + b * 176 + 2 * j);
+    if (!is_super_kind(type)) return load_half(grp + b * block_bytes(type) + 2 * j);
     const uint8_t *sb = kq_super(type, grp, b);
-    if (type == WP_Q4_K) return load_half(sb + 2 * j) * (float)sb[32 + 8 * (b % 8) + j];
+    if (type != WP_Q6_K) return load_half(sb + 2 * j) * (float)sb[32 + 8 * (b % 8) + j];
     return load_half(sb + 2 * j) * (float)(int8_t)sb[16 + 8 * (2 * (b % 8) + k / 16) + j];
 }
-static inline float kq_min(const uint8_t *grp, int64_t b, int j) {
-    const uint8_t *sb = kq_super(WP_Q4_K, grp, b);
+static inline float kq_min(int type, const uint8_t *grp, int64_t b, int j) {
+    const uint8_t *sb = kq_super(type, grp, b);
     return load_half(sb + 16 + 2 * j) * (float)sb[96 + 8 * (b % 8) + j];
 }
 
@@ -122,11 +131,11 @@ static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
         const uint8_t *blk = grp + b * bb;
         float *o = out + b * 32;
         if (is_file_kind(W->type)) { /* gguf's own dequantization, the same roundings */
-            const int off = W->type == WP_Q5_0 ? 16 : W->type == WP_Q6_K ? 32 : 0;
-            const float m = W->type == WP_Q4_K ? kq_min(grp, b, (int)j) : 0.f;
+            const int off = kq_offset(W->type), mins = has_min_term(W->type);
+            const float m = mins ? kq_min(W->type, grp, b, (int)j) : 0.f;
             for (int k = 0; k < 32; k++) {
                 const float s = kq_scale(W->type, grp, b, (int)j, k);
-                o[k] = W->type == WP_Q4_K ? s * (float)kq_quant(W->type, grp, b, (int)j, k) - m
+                o[k] = mins ? s * (float)kq_quant(W->type, grp, b, (int)j, k) - m
                                           : s * (float)(kq_quant(W->type, grp, b, (int)j, k) - off);
             }
         } else if (W->type == WP_F32) {

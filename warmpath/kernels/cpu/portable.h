@@ -82,7 +82,7 @@ static void quantize_rows(const float *x, int D, int64_t K, int8_t *xq, float *d
 static void tiles_kq(const wp_matrix *W, const int8_t *xq, const float *dx, const float *xs, const int32_t *xi, int R,
                      float *y, int64_t ldy, int64_t g0, int64_t g1, int fetch) {
     (void)fetch, (void)xi;
-    const int T = W->type, off = T == WP_Q5_0 ? 16 : T == WP_Q6_K ? 32 : 0, per = T == WP_Q6_K ? 16 : 32;
+    const int T = W->type, off = kq_offset(T), per = T == WP_Q6_K ? 16 : 32;
     const int64_t K = W->cols, nb = K / 32, gs = nb * block_bytes(T);
     for (int64_t g = g0; g < g1; g++)
         for (int j = 0; j < 8; j++)
@@ -96,8 +96,8 @@ static void tiles_kq(const wp_matrix *W, const int8_t *xq, const float *dx, cons
                             s += (kq_quant(T, grp, b, j, k) - off) * xq[(int64_t)r * K + b * 32 + k];
                         sum = fmaf(kq_scale(T, grp, b, j, k0) * dx[r * nb + b], (float)s, sum);
                     }
-                if (T == WP_Q4_K)
-                    for (int64_t b = 0; b < nb; b++) mins = fmaf(-kq_min(grp, b, j), xs[r * nb + b], mins);
+                if (has_min_term(T))
+                    for (int64_t b = 0; b < nb; b++) mins = fmaf(-kq_min(T, grp, b, j), xs[r * nb + b], mins);
                 y[(int64_t)r * ldy + 8 * (g - g0) + j] = sum + mins;
             }
 }
