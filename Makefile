@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 model: $(STAMP)
 	$(BIN)/warmpath fetch-model smollm2
 	$(BIN)/warmpath fetch-model $(MODEL)
+	$(BIN)/python -c 'from warmpath.eval.humaneval import fetch_problems; fetch_problems()'  # `warmpath eval`'s data
 
 serve: setup
 	$(BIN)/warmpath serve --model $(MODEL) $(ARGS)

@@ -1,4 +1,4 @@
-"""warmpath command line: fetch-model, serve, plan, route, bench, simulate, complete."""
+"""warmpath command line: fetch-model, serve, plan, route, bench, simulate, eval, complete."""
 
 from __future__ import annotations
 
@@ -127,6 +127,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from warmpath.eval.command import evaluate
+
+    return asyncio.run(evaluate(args))
+
+
 def cmd_complete(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -173,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
 
     add_sim_arguments(p)
     p.set_defaults(func=cmd_simulate)
+    p = sub.add_parser("eval", help="code quality of a served model: HumanEval single-line infilling, pass@1 of its "
+                       "FIM completions run against the tests")
+    from warmpath.eval.command import add_arguments as add_eval_arguments
+
+    add_eval_arguments(p)
+    p.set_defaults(func=cmd_eval)
+
     p = sub.add_parser("complete", help="one completion at FILE:LINE:COL, the way an editor asks for it")
     from warmpath.client.complete import add_arguments as add_complete_arguments
 

@@ -1,0 +1,83 @@
+"""`warmpath eval --target URL`: the code quality of a served model's fill-in-the-middle completions, measured by
+running them. HumanEval single-line infilling (eval/humaneval.py): each task's prefix and suffix go to the server
+as an editor sends them (`/v1/completions` with `suffix`, or llama.cpp's `/infill`), greedy, cut at the first
+newline; the program with that line is run against the problem's tests (eval/execute.py). pass@1 = the share that
+pass. Any server speaking either protocol can be scored, llama.cpp's `llama-server` too."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+
+from warmpath.client.completion import (
+    PROTOCOLS,
+    RequestRecord,
+    Target,
+    discover_model,
+    monotonic_clock,
+    stream_completion,
+)
+from warmpath.eval.execute import passes
+from warmpath.eval.humaneval import fetch_problems, single_line_tasks, spread
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    completion: str
+    passed: bool
+    seconds: float
+    error: str | None = None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="http://127.0.0.1:8000")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="openai",
+                   help="openai: /v1/completions with suffix; infill: llama.cpp's /infill")
+    p.add_argument("--api-key")
+    p.add_argument("--model", help="the model name to send (default: the first the server lists)")
+    p.add_argument("--limit", type=int, help="this many tasks, evenly spread over all 1,033 (default: all)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds a completed program may run its tests")
+    p.add_argument("--label", default="", help="what was served (goes into --out)")
+    p.add_argument("--out", help="JSON file: the summary and every task's completion and result")
+
+
+async def evaluate(args: argparse.Namespace) -> int:
+    tasks = spread(single_line_tasks(fetch_problems()), args.limit)
+    target = Target(args.target, args.model, args.api_key, args.protocol)
+    clock = monotonic_clock()
+    results: list[TaskResult] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as http:
+        target.model = target.model or await discover_model(http, target)
+        for i, task in enumerate(tasks):
+            rec = RequestRecord(session=f"eval-{i}", kind="agent", sent=clock())
+            body = {"prompt": task.prefix, "suffix": task.suffix, "max_tokens": args.max_tokens, "temperature": 0,
+                    "stop": ["\n"]}
+            await stream_completion(http, target, body, rec, clock)
+            middle = rec.text.split("\n", 1)[0]
+            ok = rec.error is None and await asyncio.to_thread(passes, task.program(middle), args.timeout)
+            results.append(TaskResult(task.task_id, middle, ok, (rec.done or clock()) - rec.sent, rec.error))
+            if rec.error:
+                print(f"{task.task_id}: {rec.error}", file=sys.stderr)
+            if (i + 1) % 50 == 0 or i + 1 == len(tasks):
+                done = sum(r.passed for r in results)
+                print(f"{i + 1}/{len(tasks)} tasks, pass@1 so far {100 * done / (i + 1):.1f}%", file=sys.stderr)
+    passed, errors = sum(r.passed for r in results), sum(r.error is not None for r in results)
+    summary = {"benchmark": "HumanEval single-line infilling", "tasks": len(results), "passed": passed,
+               "pass_at_1": passed / len(results) if results else 0.0, "errors": errors, "target": args.target,
+               "protocol": args.protocol, "model": target.model, "label": args.label,
+               "mean_seconds": sum(r.seconds for r in results) / max(1, len(results)),
+               "date": time.strftime("%Y-%m-%d")}
+    print(f"pass@1 {100 * summary['pass_at_1']:.1f}% ({passed} of {len(results)} tasks"
+          f"{f', {errors} errors' if errors else ''}), HumanEval single-line infilling, {target.model}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**summary, "results": [asdict(r) for r in results]}, f, indent=1)
+    return 1 if errors == len(results) else 0
