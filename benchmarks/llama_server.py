@@ -10,7 +10,7 @@ llama-cpp-python sdist vendors ($WARMPATH_HOME/sdists, fetched again with pip wh
 $WARMPATH_HOME/baselines/llama-server/bin; it skips the build when that binary exists. On AMX machines it
 takes llama_cpp_server.py's flags (the native build crashes in llama.cpp's AMX path). `serve` runs the
 bundled GGUF with metrics and slots on, alias `smollm2`, continuous batching and prompt caching, one unified
-KV buffer for all slots. Never part of `make test`.
+KV buffer for all slots (`--model qwen2.5-coder-0.5b` or a GGUF path for another file). Never part of `make test`.
 """
 
 from __future__ import annotations
@@ -90,19 +90,19 @@ def install() -> Path:
     return exe
 
 
-def server_cmd(port: int, threads: int, ctx: int, parallel: int) -> list[str]:
+def server_cmd(port: int, threads: int, ctx: int, parallel: int, model: str = "smollm2") -> list[str]:
     from warmpath.models.registry import resolve_model
 
-    return [str(binary()), "--model", str(resolve_model("smollm2")), "--alias", "smollm2",
+    return [str(binary()), "--model", str(resolve_model(model)), "--alias", model,
             "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), "--threads-batch", str(threads),
             "--ctx-size", str(ctx), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
             "--cache-prompt", "--metrics", "--slots", "--no-webui"]
 
 
-def serve(port: int, threads: int, ctx: int, parallel: int) -> None:
+def serve(port: int, threads: int, ctx: int, parallel: int, model: str) -> None:
     if not binary().exists():
         sys.exit(f"llama-server is not built; run: python {sys.argv[0]} install")
-    cmd = server_cmd(port, threads, ctx, parallel)
+    cmd = server_cmd(port, threads, ctx, parallel, model)
     print(" ".join(cmd), flush=True)
     os.execv(cmd[0], cmd)
 
@@ -116,11 +116,12 @@ def main() -> None:
     s.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     s.add_argument("--ctx", type=int, default=8192)
     s.add_argument("--parallel", type=int, default=4)
+    s.add_argument("--model", default="smollm2", help="a `warmpath fetch-model` name or a GGUF path")
     args = p.parse_args()
     if args.cmd == "install":
         install()
     else:
-        serve(args.port, args.threads, args.ctx, args.parallel)
+        serve(args.port, args.threads, args.ctx, args.parallel, args.model)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,105 @@
+"""Code quality per configuration, same model file, same tasks, one run: `warmpath eval` (HumanEval single-line
+infilling, pass@1 of greedy FIM completions run against the tests) against `warmpath serve` with the plan this
+machine chooses, with the exact fp32 torch path, and against llama.cpp's `llama-server` on the same file (when
+built: `python benchmarks/llama_server.py install`) through its /infill (issue 29, point 6).
+
+    python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import machine, write_json  # noqa: E402
+from first_start import free_port  # noqa: E402
+from llama_server import binary as llama_server_binary  # noqa: E402
+
+from warmpath.models.registry import resolve_model  # noqa: E402
+
+WARMPATH = str(Path(sys.executable).with_name("warmpath"))
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready in {timeout_s:.0f} s")
+
+
+def run_eval(name: str, cmd: list[str], port: int, protocol: str, args, log_dir: Path) -> dict:
+    url = f"http://127.0.0.1:{port}"
+    with open(log_dir / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(url, proc)
+        out = log_dir / f"{name}.json"
+        subprocess.run([WARMPATH, "eval", "--target", url, "--protocol", protocol, "--limit", str(args.limit),
+                        "--label", name, "--out", str(out)], check=True)
+        report = json.loads(out.read_text())
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return {k: report[k] for k in ("tasks", "passed", "pass_at_1", "errors", "mean_seconds")} | {
+        "command": " ".join(cmd), "completions": {r["task_id"]: r["completion"] for r in report["results"]}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--limit", type=int, default=200)
+    ap.add_argument("--configs", default="default,fp32,llama.cpp")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    model = str(resolve_model(args.model))
+    threads = str(os.cpu_count() or 2)
+    configs = {
+        "warmpath default plan": ([WARMPATH, "serve", "--model", model], "openai"),
+        "warmpath fp32 (torch, the file's exact values)": ([WARMPATH, "serve", "--model", model, "--plan",
+                                                             "torch-fp32"], "openai"),
+        "llama.cpp llama-server": ([str(llama_server_binary()), "--model", model, "--threads", threads,
+                                    "--threads-batch", threads, "--ctx-size", "8192", "--cache-prompt",
+                                    "--no-webui"], "infill"),
+    }
+    wanted = {"default": "warmpath default plan", "fp32": "warmpath fp32 (torch, the file's exact values)",
+              "llama.cpp": "llama.cpp llama-server"}
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="fim-quality-") as tmp:
+        for key in args.configs.split(","):
+            name = wanted[key]
+            cmd, protocol = configs[name]
+            if key == "llama.cpp" and not llama_server_binary().exists():
+                print("llama-server not built (python benchmarks/llama_server.py install): skipped", file=sys.stderr)
+                continue
+            port = free_port()
+            cmd = [*cmd, "--port", str(port)] + (["--host", "127.0.0.1"] if key == "llama.cpp" else [])
+            rows[name] = run_eval(key, cmd, port, protocol, args, Path(tmp))
+            print(f"{name}: pass@1 {100 * rows[name]['pass_at_1']:.1f}% of {rows[name]['tasks']}", flush=True)
+    print(f"\n| configuration ({Path(model).name}) | pass@1 | tasks | s / task |\n|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {100 * r['pass_at_1']:.1f}% | {r['tasks']} | {r['mean_seconds']:.2f} |")
+    if args.out:
+        write_json(args.out, {"machine": machine(), "model": Path(model).name, "benchmark":
+                              "HumanEval single-line infilling", "limit": args.limit, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
