@@ -1,7 +1,8 @@
 """Code quality per configuration, same model file, same tasks, one run: `warmpath eval` (HumanEval single-line
 infilling, pass@1 of greedy FIM completions run against the tests) against `warmpath serve` with the plan this
 machine chooses, with the exact fp32 torch path, and against llama.cpp's `llama-server` on the same file (when
-built: `python benchmarks/llama_server.py install`) through its /infill (issue 29, point 6).
+built: `python benchmarks/llama_server.py install`) with the same FIM prompt written out, and through its /infill
+as llama.vim gets it (llama.cpp's repo-level prompt, `<|repo_name|>myproject` ...) (issue 29, point 6).
 
     python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
 """
@@ -66,31 +67,33 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--limit", type=int, default=200)
-    ap.add_argument("--configs", default="default,fp32,llama.cpp")
+    ap.add_argument("--configs", default="default,fp32,llama.cpp,llama.cpp-infill")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     model = str(resolve_model(args.model))
     threads = str(os.cpu_count() or 2)
+    llama = [str(llama_server_binary()), "--model", model, "--threads", threads, "--threads-batch", threads,
+             "--ctx-size", "8192", "--cache-prompt", "--no-webui"]
     configs = {
         "warmpath default plan": ([WARMPATH, "serve", "--model", model], "openai"),
         "warmpath fp32 (torch, the file's exact values)": ([WARMPATH, "serve", "--model", model, "--plan",
                                                              "torch-fp32"], "openai"),
-        "llama.cpp llama-server": ([str(llama_server_binary()), "--model", model, "--threads", threads,
-                                    "--threads-batch", threads, "--ctx-size", "8192", "--cache-prompt",
-                                    "--no-webui"], "infill"),
+        "llama.cpp llama-server, the same FIM prompt": (llama, "fim-prompt"),
+        "llama.cpp llama-server /infill (its repo-level prompt)": (llama, "infill"),
     }
     wanted = {"default": "warmpath default plan", "fp32": "warmpath fp32 (torch, the file's exact values)",
-              "llama.cpp": "llama.cpp llama-server"}
+              "llama.cpp": "llama.cpp llama-server, the same FIM prompt",
+              "llama.cpp-infill": "llama.cpp llama-server /infill (its repo-level prompt)"}
     rows = {}
     with tempfile.TemporaryDirectory(prefix="fim-quality-") as tmp:
         for key in args.configs.split(","):
             name = wanted[key]
             cmd, protocol = configs[name]
-            if key == "llama.cpp" and not llama_server_binary().exists():
+            if key.startswith("llama.cpp") and not llama_server_binary().exists():
                 print("llama-server not built (python benchmarks/llama_server.py install): skipped", file=sys.stderr)
                 continue
             port = free_port()
-            cmd = [*cmd, "--port", str(port)] + (["--host", "127.0.0.1"] if key == "llama.cpp" else [])
+            cmd = [*cmd, "--port", str(port)] + (["--host", "127.0.0.1"] if key.startswith("llama.cpp") else [])
             rows[name] = run_eval(key, cmd, port, protocol, args, Path(tmp))
             print(f"{name}: pass@1 {100 * rows[name]['pass_at_1']:.1f}% of {rows[name]['tasks']}", flush=True)
     print(f"\n| configuration ({Path(model).name}) | pass@1 | tasks | s / task |\n|---|---|---|---|")

@@ -39,14 +39,18 @@ def test_a_hanging_program_is_stopped():
     assert not passes("while True:\n    pass\n", timeout_s=1.0)
 
 
-def test_eval_scores_a_served_model_over_http(tmp_path, tiny_long_dir):
+@pytest.mark.parametrize("protocol", [["--protocol", "openai"], ["--protocol", "infill"],
+                                      ["--protocol", "fim-prompt", "--fim-family", "qwen2.5-coder"]])
+def test_eval_scores_a_served_model_over_http(tmp_path, tiny_long_dir, protocol):
     """The command end to end against a real server (the tiny random model: its pass@1 is ~0, the point is the
-    path: every task asked over /v1/completions with its suffix, answered, run, recorded)."""
+    path: every task asked over /v1/completions with its suffix, /infill, or as the FIM prompt written out;
+    answered, run, recorded)."""
     config = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=256)
     with running_server(config) as (url, _):
         out = tmp_path / "eval.json"
         done = subprocess.run([sys.executable, "-m", "warmpath.cli", "eval", "--target", url, "--limit", "4",
-                               "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                               "--max-tokens", "8", "--out", str(out), *protocol], capture_output=True, text=True,
+                              timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["tasks"] == 4 and report["errors"] == 0 and 0.0 <= report["pass_at_1"] <= 1.0

@@ -2,7 +2,8 @@
 running them. HumanEval single-line infilling (eval/humaneval.py): each task's prefix and suffix go to the server
 as an editor sends them (`/v1/completions` with `suffix`, or llama.cpp's `/infill`), greedy, cut at the first
 newline; the program with that line is run against the problem's tests (eval/execute.py). pass@1 = the share that
-pass. Any server speaking either protocol can be scored, llama.cpp's `llama-server` too."""
+pass. Any server speaking either protocol can be scored, llama.cpp's `llama-server` too; `--protocol fim-prompt`
+sends every server the same prompt (the family's FIM form written out), so only the model's numbers differ."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
+from warmpath.api.fim import fim_for_model
 from warmpath.client.completion import (
     PROTOCOLS,
     RequestRecord,
@@ -25,6 +27,8 @@ from warmpath.client.completion import (
 )
 from warmpath.eval.execute import passes
 from warmpath.eval.humaneval import fetch_problems, single_line_tasks, spread
+
+FIM_PROMPT = "fim-prompt"
 
 
 @dataclass
@@ -38,8 +42,12 @@ class TaskResult:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="http://127.0.0.1:8000")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="openai",
-                   help="openai: /v1/completions with suffix; infill: llama.cpp's /infill")
+    p.add_argument("--protocol", choices=(*PROTOCOLS, FIM_PROMPT), default="openai",
+                   help="openai: /v1/completions with suffix; infill: llama.cpp's /infill (its own prompt: the "
+                        "repo-level form); fim-prompt: the family's FIM prompt written out, on /v1/completions "
+                        "(the same prompt for every server)")
+    p.add_argument("--fim-family", help="fim-prompt: the family whose template to write (default: from the model's "
+                                        "name, e.g. qwen2.5-coder)")
     p.add_argument("--api-key")
     p.add_argument("--model", help="the model name to send (default: the first the server lists)")
     p.add_argument("--limit", type=int, help="this many tasks, evenly spread over all 1,033 (default: all)")
@@ -51,15 +59,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def evaluate(args: argparse.Namespace) -> int:
     tasks = spread(single_line_tasks(fetch_problems()), args.limit)
-    target = Target(args.target, args.model, args.api_key, args.protocol)
+    literal = args.protocol == FIM_PROMPT
+    target = Target(args.target, args.model, args.api_key, "openai" if literal else args.protocol)
     clock = monotonic_clock()
     results: list[TaskResult] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as http:
         target.model = target.model or await discover_model(http, target)
+        template = fim_for_model(args.fim_family or target.model or "") if literal else None
+        if literal and template is None:
+            print(f"no FIM template known for {args.fim_family or target.model!r}: pass --fim-family", file=sys.stderr)
+            return 2
         for i, task in enumerate(tasks):
             rec = RequestRecord(session=f"eval-{i}", kind="agent", sent=clock())
             body = {"prompt": task.prefix, "suffix": task.suffix, "max_tokens": args.max_tokens, "temperature": 0,
                     "stop": ["\n"]}
+            if template is not None:  # the prompt written out, no suffix field (servers end at the markers)
+                body = {"prompt": template.build(task.prefix, task.suffix), "max_tokens": args.max_tokens,
+                        "temperature": 0, "stop": ["\n"]}
             await stream_completion(http, target, body, rec, clock)
             middle = rec.text.split("\n", 1)[0]
             ok = rec.error is None and await asyncio.to_thread(passes, task.program(middle), args.timeout)
