@@ -9,12 +9,11 @@ on both alike), int8 activations over a bf16 cache as the plan's native-int8 run
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from common import machine, write_json
+from kernel_ab import alternate
 
 from warmpath.engine import plan_timing
 from warmpath.engine.runner import ModelRunner
@@ -61,25 +60,11 @@ def main() -> None:
     ckpt = load_checkpoint(path, torch.float32)
     file_bytes = Path(path).stat().st_size
     base, new = runner(ckpt, converted(ckpt.quantized)), runner(ckpt, ckpt.quantized)
-    clock = time.perf_counter
-    for r in (base, new):
-        plan_timing._once(r, plan_timing._seqs(1, 8, 0), clock)  # first calls allocate
     sizes = {k: r.native.weight_bytes for k, r in (("converted", base), ("file", new))}
     print(f"{Path(path).name}: file {file_bytes / 1e6:.0f} MB; resident weights: converted "
           f"{sizes['converted'] / 1e6:.0f} MB ({sizes['converted'] / file_bytes:.3f}x the file), file blocks "
           f"{sizes['file'] / 1e6:.0f} MB ({sizes['file'] / file_bytes:.3f}x); kinds {new.native.weight_kinds}")
-    print("| step | converted ms | file blocks ms | file / converted (median of calls) |\n|---|---|---|---|")
-    rows = {}
-    for seqs_n, new_tokens, cached in SHAPES:
-        seqs = plan_timing._seqs(seqs_n, new_tokens, cached)
-        a, b = [], []
-        for _ in range(args.rounds):
-            a.append(plan_timing._once(base, seqs, clock))
-            b.append(plan_timing._once(new, seqs, clock))
-        name = f"{seqs_n} x {new_tokens} @ {cached}"
-        rows[name] = {"converted_ms": a, "file_ms": b,
-                      "ratio_median": statistics.median(y / x for x, y in zip(a, b, strict=True))}
-        print(f"| {name} | {min(a):.1f} | {min(b):.1f} | {rows[name]['ratio_median']:.3f} |", flush=True)
+    rows = alternate(base, new, SHAPES, args.rounds, ("converted", "file"))
     if args.json:
         write_json(args.json, {"machine": machine(), "model": Path(path).name, "file_bytes": file_bytes,
                                "resident_bytes": sizes, "kinds": new.native.weight_kinds, "rows": rows})

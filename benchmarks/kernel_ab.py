@@ -36,6 +36,27 @@ def runner_from(source: Path, ckpt, backend: str):
     return plan_timing._runner(ckpt, backend)
 
 
+def alternate(base, new, shapes, rounds: int, names: tuple[str, str] = ("base", "new")) -> dict:
+    """Each step shape on both runners, call after call (a swing of the VM lands on both alike): every call's ms
+    and the median of the per-call ratios new / base, printed as a table as it goes."""
+    clock = time.perf_counter
+    for r in (base, new):
+        plan_timing._once(r, plan_timing._seqs(1, 8, 0), clock)  # first calls allocate
+    rows = {}
+    print(f"| step | {names[0]} ms | {names[1]} ms | {names[1]} / {names[0]} (median of calls) |\n|---|---|---|---|")
+    for seqs_n, new_tokens, cached in shapes:
+        seqs = plan_timing._seqs(seqs_n, new_tokens, cached)
+        a, b = [], []
+        for _ in range(rounds):
+            a.append(plan_timing._once(base, seqs, clock))
+            b.append(plan_timing._once(new, seqs, clock))
+        name = f"{seqs_n} x {new_tokens} @ {cached}"
+        rows[name] = {f"{names[0]}_ms": a, f"{names[1]}_ms": b,
+                      "ratio_median": statistics.median(y / x for x, y in zip(a, b, strict=True))}
+        print(f"| {name} | {min(a):.1f} | {min(b):.1f} | {rows[name]['ratio_median']:.3f} |", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the checkout whose kernel is the baseline")
@@ -49,21 +70,7 @@ def main() -> None:
     new = runner_from(new_source, ckpt, args.backend)
     if base.native.lib._name == new.native.lib._name:
         raise SystemExit("both checkouts build the same kernel: nothing to compare")
-    clock = time.perf_counter
-    for r in (base, new):
-        plan_timing._once(r, plan_timing._seqs(1, 8, 0), clock)  # first calls allocate
-    rows = {}
-    print("| step | base ms | new ms | new / base (median of calls) |\n|---|---|---|---|")
-    for seqs_n, new_tokens, cached in SHAPES:
-        seqs = plan_timing._seqs(seqs_n, new_tokens, cached)
-        a, b = [], []
-        for _ in range(args.rounds):
-            a.append(plan_timing._once(base, seqs, clock))
-            b.append(plan_timing._once(new, seqs, clock))
-        name = f"{seqs_n} x {new_tokens} @ {cached}"
-        rows[name] = {"base_ms": a, "new_ms": b,
-                      "ratio_median": statistics.median(y / x for x, y in zip(a, b, strict=True))}
-        print(f"| {name} | {min(a):.1f} | {min(b):.1f} | {rows[name]['ratio_median']:.3f} |", flush=True)
+    rows = alternate(base, new, SHAPES, args.rounds)
     if args.json:
         revs = {k: subprocess.run(["git", "-C", t, "rev-parse", "--short", "HEAD"], capture_output=True,
                                   text=True).stdout.strip() for k, t in (("base", args.base), ("new", "."))}
