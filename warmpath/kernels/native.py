@@ -212,12 +212,8 @@ class NativeForward:
             qs = [quantized.get(n) if weights_mode == "checkpoint" else None for n in names]
             if products and activations != "int8":
                 qs = [None if q is None else for_fp32_activations(q) for q in qs]
-            runs: list[list[int]] = []
-            for i, q in enumerate(qs):
-                if runs and (qs[runs[-1][0]] is None) == (q is None) and (q is None or q.kind == qs[runs[-1][0]].kind):
-                    runs[-1].append(i)
-                else:
-                    runs.append([i])
+            kind = ["weights" if q is None else q.kind for q in qs]  # None: packed from the fp32 weights
+            runs = [list(g) for _, g in itertools.groupby(range(len(qs)), key=kind.__getitem__)]
             parts = []
             for run in runs:
                 q = concat_rows([qs[i] for i in run]) if qs[run[0]] is not None else None
