@@ -38,8 +38,8 @@ enum { WP_KV_F32 = 0, WP_KV_BF16 = 1, WP_KV_F16 = 2 };
 typedef struct wp_matrix {
     int32_t type, rows, cols, act; /* act: WP_ACT_INT8 for int8 activations, else 0; rows: this part's */
     const uint8_t *data;
-    const float *bias;             /* [rows] or NULL */
-    const struct wp_matrix *next;  /* the next part, or NULL */
+    const float *bias;            /* [rows] or NULL */
+    const struct wp_matrix *next; /* the next part, or NULL */
 } wp_matrix;
 
 typedef struct {

@@ -1,6 +1,6 @@
 /* Part of matmul.h (included by it, after tiles.h; AVX2, or AVX-512 VNNI on 256-bit registers): int8-activation
-   products over the GGUF file's own blocks (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; layouts in matmul.h), so the weights keep the file's
-   bytes and a decode reads no more than the file holds.
+   products over the GGUF file's own blocks (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; layouts in matmul.h), so the weights keep the
+   file's bytes and a decode reads no more than the file holds.
 
    Numbers, per output (bit for bit whatever the batch; portable.h computes the same sums):
      Q4_0, Q5_0: y = sum over blocks b, in order, of (d_b dx_b) I_b,  I_b = sum_k (q_k - 8 or 16) xq_k
@@ -33,15 +33,16 @@ AI __m256 kq_scales(const int TYPE, const uint8_t *grp, int64_t b, int h) {
     if (!is_super_kind(TYPE)) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + b * block_bytes(TYPE))));
     const uint8_t *sb = kq_super(TYPE, grp, b);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
-    const __m128i sc = _mm_loadl_epi64((const __m128i *)(sb + (TYPE != WP_Q6_K ? 32 + 8 * (b % 8)
-                                                                               : 16 + 8 * (2 * (b % 8) + h))));
+    const __m128i sc =
+        _mm_loadl_epi64((const __m128i *)(sb + (TYPE != WP_Q6_K ? 32 + 8 * (b % 8) : 16 + 8 * (2 * (b % 8) + h))));
     return _mm256_mul_ps(d, _mm256_cvtepi32_ps(TYPE != WP_Q6_K ? _mm256_cvtepu8_epi32(sc) : _mm256_cvtepi8_epi32(sc)));
 }
 
 /* A register tile of G groups x R rows of x (as tile_i8): a block's (Q6_K: a half's) integer sums, then its scale
    times dx into one fp32 chain per output; Q4_K's min term after. */
 AI void tile_kq(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, int64_t K, const float *dx,
-                const float *xs, const int32_t *xi, const int G, const int R, float *y, int64_t ldy, const uint8_t *pf) {
+                const float *xs, const int32_t *xi, const int G, const int R, float *y, int64_t ldy,
+                const uint8_t *pf) {
     const int64_t nb = K / 32, bb = block_bytes(TYPE), nh = K / 16;
     const int NH = TYPE == WP_Q6_K ? 2 : 1, OFF = kq_offset(TYPE);
     const int WIDE16 = TYPE == WP_Q4_K || TYPE == WP_Q4_0; /* 4-bit quants: a block's sums fit 16 bits */
@@ -77,7 +78,7 @@ AI void tile_kq(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
                         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q0, _mm256_set1_epi32(a)),
                                                            _mm256_maddubs_epi16(q1, _mm256_set1_epi32(c)));
                         s[i][r] = WIDE16 ? _mm256_add_epi16(s[i][r], p)
-                                                  : _mm256_add_epi32(s[i][r], _mm256_madd_epi16(p, ones));
+                                         : _mm256_add_epi32(s[i][r], _mm256_madd_epi16(p, ones));
 #endif
                         __asm__("" : PIN(s[i][r]));
                     }
@@ -111,11 +112,12 @@ AI void tile_kq(const int TYPE, const uint8_t *w, int64_t gs, const int8_t *xq, 
 #pragma GCC unroll 4
             for (int i = 0; i < G; i++) {
                 const uint8_t *sb = kq_super(TYPE, w + i * gs, b);
-                const __m256 m = _mm256_mul_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))),
-                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 96 + 8 * (b % 8))))));
+                const __m256 m = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16))),
+                                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                   _mm_loadl_epi64((const __m128i *)(sb + 96 + 8 * (b % 8))))));
 #pragma GCC unroll 6
-                for (int r = 0; r < R; r++) mt[i][r] = _mm256_fnmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), mt[i][r]);
+                for (int r = 0; r < R; r++)
+                    mt[i][r] = _mm256_fnmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), mt[i][r]);
             }
 #pragma GCC unroll 4
         for (int i = 0; i < G; i++)

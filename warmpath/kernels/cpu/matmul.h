@@ -136,7 +136,7 @@ static void matrix_row(const wp_matrix *W, int64_t r, float *out) {
             for (int k = 0; k < 32; k++) {
                 const float s = kq_scale(W->type, grp, b, (int)j, k);
                 o[k] = mins ? s * (float)kq_quant(W->type, grp, b, (int)j, k) - m
-                                          : s * (float)(kq_quant(W->type, grp, b, (int)j, k) - off);
+                            : s * (float)(kq_quant(W->type, grp, b, (int)j, k) - off);
             }
         } else if (W->type == WP_F32) {
             for (int k = 0; k < 32; k++) memcpy(o + k, blk + 4 * (8 * k + j), 4);
@@ -259,8 +259,8 @@ static int matmul_part(const wp_matrix *W, const float *x, int D, float *y, int6
             if (g1 > f1) /* the partial group */
                 for (int r0 = 0; r0 < D; r0 += TILE_R) {
                     const int R = D - r0 < TILE_R ? D - r0 : TILE_R;
-                    matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, NULL,
-                                  R, y + (int64_t)r0 * ldy, ldy, g0, g1, 0, 1);
+                    matmul_groups(W, NULL, xs + (int64_t)r0 * nb, xq + (int64_t)r0 * K, dx + (int64_t)r0 * nb, NULL, R,
+                                  y + (int64_t)r0 * ldy, ldy, g0, g1, 0, 1);
                 }
         } else
 #endif
