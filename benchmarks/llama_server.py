@@ -99,10 +99,10 @@ def server_cmd(port: int, threads: int, ctx: int, parallel: int, model: str = "s
             "--cache-prompt", "--metrics", "--slots", "--no-webui"]
 
 
-def serve(port: int, threads: int, ctx: int, parallel: int, model: str) -> None:
+def serve(port: int, threads: int, ctx: int, parallel: int, model: str, extra: list[str]) -> None:
     if not binary().exists():
         sys.exit(f"llama-server is not built; run: python {sys.argv[0]} install")
-    cmd = server_cmd(port, threads, ctx, parallel, model)
+    cmd = server_cmd(port, threads, ctx, parallel, model) + extra
     print(" ".join(cmd), flush=True)
     os.execv(cmd[0], cmd)
 
@@ -117,11 +117,11 @@ def main() -> None:
     s.add_argument("--ctx", type=int, default=8192)
     s.add_argument("--parallel", type=int, default=4)
     s.add_argument("--model", default="smollm2", help="a `warmpath fetch-model` name or a GGUF path")
-    args = p.parse_args()
+    args, extra = p.parse_known_args()  # serve: anything else goes to llama-server as it is (--cache-reuse 256)
     if args.cmd == "install":
         install()
     else:
-        serve(args.port, args.threads, args.ctx, args.parallel, args.model)
+        serve(args.port, args.threads, args.ctx, args.parallel, args.model, extra)
 
 
 if __name__ == "__main__":

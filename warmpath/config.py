@@ -42,6 +42,13 @@ class SchedulerConfig:
     # long prompt prefills, large enough that the prompt's TTFT barely grows (benchmarks/engine_batching.py).
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
+    # While more than one request is in the engine, a prompt's chunk takes at most what this machine computes in
+    # this long (measured from the steps run: Scheduler.observe), so a keystroke arriving behind another
+    # session's long prompt waits for a short step, not a 512-token one; 0: off (chunks fill the budget).
+    step_target_ms: float = 100.0
+    # A session's request that passes its deadline mid-prompt leaves its prompt computing on, with what budget the
+    # others leave, until the session's next request comes: that keystroke then finds the prefix cached.
+    warm_late_prompts: bool = True
 
 
 @dataclass
@@ -59,6 +66,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context length
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     max_num_seqs: int = SchedulerConfig.max_num_seqs
+    step_target_ms: float = SchedulerConfig.step_target_ms
+    warm_late_prompts: bool = SchedulerConfig.warm_late_prompts
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
@@ -102,7 +111,8 @@ class EngineConfig:
     seed: int = 0
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs)
+        return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.step_target_ms,
+                               self.warm_late_prompts)
 
 
 @dataclass
@@ -129,6 +139,9 @@ class ServerConfig(ConnectionLimits):
     # salt, so clients with different keys never share KV blocks nor see each other's hits; "none" shares the
     # cache across keys (a request's own `cache_salt` still keeps it apart).
     cache_isolation: str = "none"
+    # FIM prompts of prefix-first families: "anchored" puts the prefix's last lines after the middle marker, so
+    # typing leaves the prompt before it cached (api/fim.py anchor()); "cursor": the prefix up to the cursor.
+    fim_layout: str = "anchored"
 
 
 @dataclass

@@ -160,6 +160,9 @@ def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
     assert s["requests"] > 3 and s["outcomes"]["error"] == 0
     assert s["outcomes"]["shown"] > 0 and s["editor_ttft_s"]["p50"] > 0
     assert 0 < s["prefix_hit_rate"] <= 1 and s["prefix_hit_rate_source"] == "server /metrics"
+    computed = s["computed_prompt_tokens"]  # per answered request, from its usage: warm keystrokes compute little
+    prompts = sorted(r["prompt_tokens"] for r in next(iter(report["records"].values())) if r["prompt_tokens"])
+    assert 0 < computed["p50"] <= computed["p90"] and computed["p50"] < prompts[len(prompts) // 2]
     # Stale requests were aborted by the server, not run to their end: it finished no more than were shown,
     # but for the odd one whose last token left the server while the client's cancel was on its way.
     server = s["server"]

@@ -13,7 +13,7 @@ from tiny_gguf import QWEN_VOCAB, STARCODER_VOCAB, uniform, write_gguf
 
 from warmpath import LLM, SamplingParams
 from warmpath.api.fim import repo_context
-from warmpath.config import EngineConfig, RouterConfig
+from warmpath.config import EngineConfig, RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
 from warmpath.server.prompts import detect_fim
 
@@ -74,8 +74,9 @@ def complete(url, **body) -> dict:
 
 @pytest.fixture(scope="module")
 def served(family):
-    """The server, and the router in front of it."""
-    with running_server(engine_config(family[1])) as (url, app):
+    """The server, and the router in front of it; the plain (cursor) FIM layout, which the router also writes for a
+    cursor inside a line: the anchored layout, the server's default, has its own test below."""
+    with running_server(engine_config(family[1]), ServerConfig(fim_layout="cursor")) as (url, app):
         with running_app(create_router_app(RouterConfig(node=[url], health_interval=0.2))) as (router_url, _):
             yield url, router_url, app.state.engine.tokenizer
 
@@ -117,6 +118,24 @@ def test_repo_context_before_the_prefix_and_cached_on_the_next_keystroke(family,
     nxt = complete(url, prompt=PREFIX + "w", suffix=SUFFIX, extra=EXTRA[::-1], cache_salt=salt)
     assert nxt["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(ctx_ids) // 16 * 16
     assert marker_free(nxt["choices"][0]["text"], fim)
+
+
+def test_the_default_anchored_layout_heals_and_keeps_the_suffix_cached_along_the_line(family):
+    """`warmpath serve`'s default: the prefix's last lines after the middle marker (api/fim.py anchor()), the
+    prompt's last token given back and spelled by the completion (engine/healing.py); typing along the line
+    leaves everything before the marker in the prefix cache."""
+    with running_server(engine_config(family[1])) as (url, app):
+        tok = app.state.engine.tokenizer
+        fim = detect_fim(tok)
+        prefix = "import math\n\n\n" + PREFIX
+        first = complete(url, prompt=prefix, suffix=SUFFIX * 8)
+        anchored = tok.encode(fim.build(prefix, SUFFIX * 8, layout="anchored"))
+        assert first["usage"]["prompt_tokens"] == len(anchored) - 1  # healed: its last token given back
+        assert marker_free(first["choices"][0]["text"], fim)
+        before_middle = tok.encode(fim.build(prefix, SUFFIX * 8, layout="anchored").split(fim.tokens[-1])[0])
+        assert len(before_middle) >= 48
+        typed = complete(url, prompt=prefix + "w * h", suffix=SUFFIX * 8)
+        assert typed["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(before_middle) // 16 * 16
 
 
 def marker_free(text: str, fim) -> bool:

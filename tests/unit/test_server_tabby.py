@@ -18,7 +18,7 @@ from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 from warmpath.api import tabby as api
 from warmpath.api.fill import Outcome
 from warmpath.api.fim import ContextFile, repo_context
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, ServerConfig
 from warmpath.server.prompts import detect_fim
 
 SUFFIX = "\n\nprint(Point(1, 2))\n"
@@ -186,13 +186,16 @@ def test_health_server_setting_and_events(server):
 # -- a FIM family with repo-level markers --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def qwen_coder(tmp_path_factory):
-    """A tiny model with Qwen2.5-Coder's FIM and repo-level tokens (never emitted: their head rows are zero)."""
+    """A tiny model with Qwen2.5-Coder's FIM and repo-level tokens (never emitted: their head rows are zero); the
+    plain (cursor) FIM layout, so the prompt is the one a token-id request can repeat (the default anchored layout
+    heals its last token: tests/unit/test_fim_serve.py)."""
     def quiet(w, tokens):
         for t in QWEN_VOCAB.tokens()[1]:
             w["lm_head.weight"][tokens.index(t)] = 0
     path, _, _ = write_gguf(tmp_path_factory.mktemp("qwen-coder") / "m.gguf", "qwen2", uniform(Q.Q8_0), QWEN_VOCAB,
                             edit=quiet)
-    with running_server(EngineConfig(model=str(path), dtype="float32", num_kv_blocks=256)) as (url, app):
+    with running_server(EngineConfig(model=str(path), dtype="float32", num_kv_blocks=256),
+                        ServerConfig(fim_layout="cursor")) as (url, app):
         yield url, app.state.engine.tokenizer
 
 

@@ -5,8 +5,19 @@ from the node's model name)."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+# The anchored layout (prefix-first families): the prompt's prefix ends at a line start a few lines above the
+# cursor, and the lines from there to the cursor open the middle, after the middle marker (FIM training splits
+# documents anywhere, so a middle that starts with text is the model's own format). Typing then changes nothing
+# before the marker: context, prefix, suffix and marker stay in the prefix cache and each keystroke computes only
+# the text it added. Which line start: the minimizer of a hash of the last ANCHOR_WINDOW complete lines, so the
+# choice depends on the text alone (a request's prompt never depends on the server's state) and moves about once
+# every (ANCHOR_WINDOW + 1) / 2 lines as the cursor goes down, each move recomputing the suffix once.
+ANCHOR_WINDOW = 24
+LAYOUTS = ("anchored", "cursor")  # cursor: the plain layout, the prefix up to the cursor before the suffix
 
 
 @dataclass(frozen=True)
@@ -20,9 +31,42 @@ class FimTemplate:
     repo_header: str | None = None  # how the family names the repository ("{repo}" placeholder)
     file_sep: str | None = None  # the family's file separator token; None: other files go in as plain text
 
-    def build(self, prefix: str, suffix: str, context: str = "") -> str:
-        """The prompt: `context` (repo_context()) where the family reads it, always ahead of the prefix."""
-        return self.layout.replace("{context}", context).replace("{prefix}", prefix).replace("{suffix}", suffix)
+    @property
+    def prefix_first(self) -> bool:
+        """Prefix, suffix, then the middle marker (PSM): the text after the marker is the start of the middle."""
+        return self.layout.index("{prefix}") < self.layout.index("{suffix}") and self.layout.endswith(self.tokens[-1])
+
+    def build(self, prefix: str, suffix: str, context: str = "", layout: str = "cursor") -> str:
+        """The prompt: `context` (repo_context()) where the family reads it, always ahead of the prefix.
+        layout "anchored" (prefix-first families): the prefix's last lines after the middle marker (anchor())."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"FIM layout must be one of {LAYOUTS}, got {layout!r}")
+        head = ""
+        if layout == "anchored" and self.prefix_first:
+            cut = anchor(prefix)
+            prefix, head = prefix[:cut], prefix[cut:]
+        text = self.layout.replace("{context}", context).replace("{prefix}", prefix).replace("{suffix}", suffix)
+        return text + head
+
+
+def anchor(prefix: str, window: int = ANCHOR_WINDOW) -> int:
+    """Where the anchored layout cuts the prefix: just after one of its last `window` complete lines, the one of
+    the lowest CRC-32 of its text with its newline (the latest of equals), 0 when it has no complete line. As
+    lines are added below, the choice stays until that line leaves the window or a lower one is completed, and
+    it never moves up."""
+    best, best_hash, end = 0, None, len(prefix)
+    for _ in range(window):
+        nl = prefix.rfind("\n", 0, end)
+        if nl < 0:
+            break
+        start = prefix.rfind("\n", 0, nl) + 1
+        h = zlib.crc32(prefix[start:nl + 1].encode())  # with its newline: blank lines do not all hash to 0
+        if best_hash is None or h < best_hash:  # going up: a strictly lower one wins, so equals keep the latest
+            best, best_hash = nl + 1, h
+        end = start
+        if start == 0:
+            break
+    return best
 
 
 FIM_TEMPLATES = (

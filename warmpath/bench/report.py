@@ -82,6 +82,12 @@ def summarize(run: RunResult, slo: SLO) -> dict:
             out["prefix_hit_rate"] = run.extra.get("prefix_hit_rate", math.nan)
             out["prefix_hit_rate_source"] = run.extra.get("prefix_hit_rate_source", "not reported by the server")
 
+    # What each answered prompt cost the server: its tokens not served from the prefix cache (its usage). Only
+    # requests whose first token came: one dropped in the queue reports 0 cached without computing anything.
+    computed = [r.prompt_tokens - r.cached_tokens for r in recs
+                if r.ttft is not None and r.prompt_tokens and r.cached_tokens is not None]
+    out["computed_prompt_tokens"] = {f"p{q}": percentile(computed, q) for q in PERCENTILES}
+
     # Quality proxy over shown suggestions: first line equal to the real next line; edit similarity.
     judged = [r for r in editor if r.outcome == SHOWN and r.expected is not None]
     if judged:
@@ -113,6 +119,8 @@ ROWS = [  # label, summary path, unit, which way is better ("" = neither)
     ("tokens/s received", "token_throughput", "f", "higher"),
     ("wasted tokens (server)", "wasted_tokens", "n", "lower"),
     ("prefix-cache hit rate", "prefix_hit_rate", "%", "higher"),
+    ("prompt tokens computed p50", "computed_prompt_tokens.p50", "n", "lower"),
+    ("prompt tokens computed p90", "computed_prompt_tokens.p90", "n", "lower"),
     ("quality: first line exact", "quality_first_line_exact", "%", "higher"),
     ("quality: edit similarity", "quality_edit_similarity", "f", "higher"),
 ]

@@ -139,11 +139,18 @@ class AsyncEngine:
     def estimate_wait(self) -> float:
         """Seconds until a new request could be scheduled: the prompt tokens queued ahead of it (waiting
         requests and unfinished prefills, and those not yet taken from the command queue), at the measured
-        cost per token and per step."""
-        sched = self.engine.scheduler
-        ahead = sum(r.num_tokens - r.num_computed_tokens - 1 for r in list(sched.waiting) + list(sched.running))
-        ahead += sum(list(self._queued.values()))
-        steps = -(-ahead // self.engine.config.max_num_batched_tokens)
+        cost per token and per step. With prompt chunks paced (Scheduler.latency_chunk), what is ahead takes at
+        most a chunk each per step: if that leaves room in the budget, the new request joins the next step."""
+        sched, budget = self.engine.scheduler, self.engine.config.max_num_batched_tokens
+        remaining = [r.num_tokens - r.num_computed_tokens - 1 for r in list(sched.waiting) + list(sched.running)
+                     if not r.warmup]  # warm-ups yield to everyone
+        remaining += list(self._queued.values())
+        cap = sched.latency_chunk
+        step = sum(min(n, cap) for n in remaining) if cap is not None and sched.busy() else budget
+        if step < budget:  # the step that is running, then ours
+            return step * self.seconds_per_token + (self.step_overhead if step else 0.0)
+        ahead = sum(remaining)
+        steps = -(-ahead // budget)
         return ahead * self.seconds_per_token + steps * self.step_overhead
 
     # -- step thread -----------------------------------------------------------------------------------

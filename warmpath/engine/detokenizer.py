@@ -22,6 +22,7 @@ class IncrementalDetokenizer:
     text: str = ""  # all text decoded so far (stop-string cut applied)
     emitted: int = 0  # characters of text already handed out
     stopped: bool = False  # a stop string matched: nothing more is emitted
+    heal: str = ""  # the text's start the prompt had already (SamplingParams.heal): dropped before stop strings
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -37,6 +38,9 @@ class IncrementalDetokenizer:
             # An incomplete UTF-8 sequence: wait for the tokens that complete it.
             return self._release(final=False)
         self.text += full[len(prefix) :]
+        if self.heal:  # the healing tokens spell it first (the engine's constraint)
+            taken = min(len(self.heal), len(self.text))
+            self.heal, self.text = self.heal[taken:], self.text[taken:]
         self.read_offset = len(self.tokens)
         self.prefix_offset = max(0, self.read_offset - _CONTEXT_TOKENS)
         return self._release(final=False)

@@ -4,6 +4,7 @@ computes, the sampler picks, the scheduler advances; outputs are reported as del
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import time
@@ -13,6 +14,8 @@ import torch
 
 from warmpath.config import EngineConfig
 from warmpath.engine.block_pool import BlockPool
+from warmpath.engine.dtypes import resolve_dtype, resolve_kv_dtype
+from warmpath.engine.healing import Healer
 from warmpath.engine.plan import Plan, choose, native_options, single
 from warmpath.engine.plan_timing import load_or_measure
 from warmpath.engine.request import (
@@ -36,29 +39,6 @@ from warmpath.models.loader import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16
-        # bf16 where the CPU computes it natively (AVX-512 BF16 / AMX); fp32 elsewhere.
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-              "float16": torch.float16, "fp16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"unknown dtype {name!r} (auto, float32, bfloat16, float16)")
-    return dtypes[name]
-
-
-def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's own dtype; "auto": the model's."""
-    if name == "auto":
-        return model_dtype
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16; got {name!r}")
-    return dtypes[name]
 
 
 def wants_plan(config: EngineConfig) -> bool:
@@ -228,6 +208,7 @@ class Engine:
             session_id=session_id,
             deadline=deadline,
             cache_salt=cache_salt,
+            heal_left=params.heal.encode(),
         )
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -239,6 +220,8 @@ class Engine:
         vocab = self.model_config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt_token_ids must be ints in [0, {vocab})")
+        if params.heal and not len(self.healer.allowed(params.heal.encode()[:1])):
+            raise ValueError("token healing needs a byte-level BPE vocabulary")
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(
@@ -254,7 +237,10 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return False
-        self.scheduler.finish(req, FinishReason.ABORT)
+        if req.deadline is not None and self.scheduler.clock() >= req.deadline:  # late, not stale: see expire()
+            self.scheduler.expire(req)
+        else:
+            self.scheduler.finish(req, FinishReason.ABORT)
         self._finished_unreported.append(req)
         return True
 
@@ -277,6 +263,7 @@ class Engine:
             try:
                 seqs = self._inputs(plan)
                 logits = self.runner.forward(seqs)
+                self.scheduler.observe(plan.num_tokens, time.perf_counter() - t)
                 if self.speculator and all(len(x.token_ids) == 1 for x in seqs):  # what such a step costs here
                     self.speculator.decode_times.record(len(seqs), time.perf_counter() - t)
                 tokens, logprobs = self._sample(sampling, logits)
@@ -313,6 +300,10 @@ class Engine:
                 seqs.append(SeqInput(c.token_ids, req.num_computed_tokens, req.block_ids, c.sample))
         return seqs
 
+    @functools.cached_property
+    def healer(self) -> Healer:  # built at the first request that heals, or by the server at its start
+        return Healer(self.tokenizer.token_bytes)
+
     def _sample(self, sampling: list, logits: torch.Tensor) -> tuple[list[list[int]], list[list | None]]:
         """Per sampling chunk: its tokens (one; or for a verified decode, each guess kept while it equals what
         is sampled at its position, then the sampled token that differs or follows: the model's own
@@ -324,9 +315,14 @@ class Engine:
         plain = [i for i, c in enumerate(sampling) if not c.num_drafts]
         tokens: list[list[int]] = [[] for _ in sampling]
         if plain:
-            first = logits[[rows[i][0] for i in plain]]
-            for i, tok in zip(plain, sample(first, [sampling[i].request.params for i in plain],
-                                            [sampling[i].request.generator for i in plain]), strict=True):
+            first, reqs = logits[[rows[i][0] for i in plain]], [sampling[i].request for i in plain]  # rows: a copy
+            healing = any(r.heal_left for r in reqs) and self.healer
+            if healing:
+                healing.mask(first, reqs)
+            picked = sample(first, [r.params for r in reqs], [r.generator for r in reqs])
+            if healing:
+                healing.spelled(reqs, picked)
+            for i, tok in zip(plain, picked, strict=True):
                 tokens[i] = [tok]
         for i, c in enumerate(sampling):
             if c.num_drafts:
@@ -337,6 +333,7 @@ class Engine:
         return tokens, logprobs
 
     def _report(self, progressed: list[Request], finished: list[Request]) -> list[RequestOutput]:
+        progressed, finished = [r for r in progressed if not r.warmup], [r for r in finished if not r.warmup]
         outputs = [self._output(r) for r in progressed] + [self._output(r) for r in finished]
         for r in finished:
             self.requests.pop(r.request_id, None)

@@ -49,6 +49,9 @@ class SamplingParams:
     ignore_eos: bool = False
     # Report each sampled token's log-probability and this many top alternatives (0: its own only); None: off.
     logprobs: int | None = None
+    # Token healing (engine/healing.py): text the output's first tokens must spell, the prompt's last token taken
+    # back by the caller; the output's text begins with it.
+    heal: str = ""
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -115,6 +118,8 @@ class Request:
     num_sent_tokens: int = 0  # outputs already reported by Engine.step()
     finish_reason: FinishReason | None = None
     error: str | None = None
+    heal_left: bytes = b""  # of params.heal, the bytes its next tokens must still spell
+    warmup: bool = False  # the scheduler's own: a late request's prompt computed on for its session (nobody waits)
     draft_token_ids: list[int] = field(default_factory=list)  # guessed next tokens, verified at its next step
     speculation: Speculation | None = None  # its proposer state (EngineConfig.speculative_method)
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from warmpath.config import SchedulerConfig
 from warmpath.engine.block_pool import BlockPool
-from warmpath.engine.request import FinishReason, Request, RequestStatus
+from warmpath.engine.request import FinishReason, Request, RequestMetrics, RequestStatus, SamplingParams
 
 log = logging.getLogger(__name__)
+ACTIVE_S = 5.0  # a session that sent a request this recently is still typing (bursts: a request every ~1-2 s)
 
 
 @dataclass
@@ -61,16 +62,54 @@ class Scheduler:
         self.pool = pool
         self.block_size = pool.block_size
         self.waiting: deque[Request] = deque()
+        self.warming: deque[Request] = deque()  # warm-ups not yet admitted (expire()): after everyone else
         self.running: list[Request] = []  # in admission order: the last one is preempted first
         self.stats = SchedulerStats()
         self.clock = time.monotonic
+        self.seconds_per_token: float | None = None  # of prompt-heavy steps, measured (observe)
+        self.latency_chunk: int | None = None  # a prompt chunk's most tokens while others are in (None: budget)
+        self.last_seen: dict[str | None, float] = {}  # session -> when its last request came (clock)
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """A step's measured time. From steps of 32+ tokens: what a token costs on this machine and model, and so
+        latency_chunk, the chunk a step of about config.step_target_ms holds (a block at least)."""
+        if num_tokens < 32 or not self.config.step_target_ms:
+            return
+        per = seconds / num_tokens
+        self.seconds_per_token = per if self.seconds_per_token is None else 0.8 * self.seconds_per_token + 0.2 * per
+        chunk = int(self.config.step_target_ms / 1000 / self.seconds_per_token) // self.block_size * self.block_size
+        self.latency_chunk = max(self.block_size, chunk)
 
     # -- requests in and out -------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        for w in [r for r in (*self.warming, *self.running) if r.warmup and r.session_id == req.session_id]:
+            self.finish(w, FinishReason.ABORT)  # what it computed stays cached for this one
+        now = self.clock()
+        self.last_seen = {s: t for s, t in self.last_seen.items() if now - t < ACTIVE_S}
+        self.last_seen[req.session_id] = now
+
+    def busy(self) -> bool:
+        """Another request is in, or another session sent one lately: its next keystroke may come mid-step. (Read
+        from the event loop too, by AsyncEngine.estimate_wait: copies, never an iteration over live state.)"""
+        now, seen = self.clock(), list(self.last_seen.values())
+        return len(self.running) + len(self.waiting) > 1 or sum(now - t < ACTIVE_S for t in seen) > 1
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.warming)
+
+    def expire(self, req: Request) -> None:
+        """Finish a request past its deadline. A session's request still in its prompt leaves a warm-up behind:
+        the prompt's full blocks, computed on at the lowest priority (reported to nobody, never counted in the
+        cache statistics) until the session's next request comes."""
+        full = len(req.prompt_token_ids) // self.block_size * self.block_size
+        if self.config.warm_late_prompts and req.session_id is not None and not req.warmup \
+                and not req.output_token_ids and req.num_computed_tokens < full - 1:
+            self.warming.append(Request(f"{req.request_id}/warm", req.prompt_token_ids[:full],
+                                        SamplingParams(max_tokens=1, temperature=0), frozenset(), 1, None,
+                                        RequestMetrics(arrival_time=req.metrics.arrival_time), req.session_id,
+                                        cache_salt=req.cache_salt, warmup=True))
+        self.finish(req, FinishReason.DEADLINE)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """Finish a request in any state; its blocks go back to the pool at once (full ones stay cached)."""
@@ -80,6 +119,8 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.warming:
+            self.warming.remove(req)
         self._release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
@@ -104,15 +145,20 @@ class Scheduler:
         out = SchedulerOutput()
         now = self.clock()
         for req in [r for r in (*self.running, *self.waiting) if r.deadline is not None and now >= r.deadline]:
-            self.finish(req, FinishReason.DEADLINE)
+            self.expire(req)
             out.finished.append(req)
         budget = self.config.max_num_batched_tokens
+        # Others in the engine: prompt chunks kept to a short step, so whoever arrives next waits little.
+        cap = self.latency_chunk if self.latency_chunk is not None and self.busy() else budget
 
         # 1. Running requests: one decode token each, or the next chunk of an unfinished prefill.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.warmup:  # after everyone else (3.)
+                i += 1
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
             drafts = self._drafts(req, n, budget)
             if not self._grow(req, n + drafts, out):
                 break  # req itself was preempted (it was the newest): nothing after it runs either
@@ -130,9 +176,22 @@ class Scheduler:
                             f"{self.pool.num_blocks} in all")
                 out.finished.append(req)
                 continue
-            if not self._admit(req, budget, out):
+            if not self._admit(req, min(budget, cap), out):
                 break  # head of line does not fit yet: keep FCFS order, wait for blocks
             budget -= out.chunks[-1].num_tokens
+
+        # 3. Warm-ups, with what is left: the running ones, then one more admitted. None in a step that preempted.
+        for req in [r for r in self.running if r.warmup]:
+            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
+            need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
+            if out.preempted or n <= 0 or need > self.pool.num_free:  # a warm-up never preempts anyone
+                break
+            req.block_ids += self.pool.allocate(need) if need > 0 else []
+            out.chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
+            budget -= n
+        if self.warming and not out.preempted and not self.waiting and budget > 0 \
+                and len(self.running) < self.config.max_num_seqs:
+            self._admit(self.warming[0], min(budget, cap), out, self.warming)
         return out
 
     def _drafts(self, req: Request, n: int, budget: int) -> int:
@@ -166,6 +225,10 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        if req.warmup:  # nobody waits for it: dropped, not queued again (its full blocks stay cached)
+            out.chunks = [c for c in out.chunks if c.request is not req]
+            self.finish(req, FinishReason.ABORT)
+            return
         self.running.remove(req)
         out.chunks = [c for c in out.chunks if c.request is not req]
         self._release(req)
@@ -181,7 +244,7 @@ class Scheduler:
             self.pool.num_free, self.pool.num_blocks,
         )
 
-    def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
+    def _admit(self, req: Request, budget: int, out: SchedulerOutput, queue: deque[Request] | None = None) -> bool:
         tokens = req.all_token_ids
         req.block_hashes = self.pool.hashes(tokens, req.block_hashes, req.cache_salt)
         # At least the last token is always computed: its logits give the next token.
@@ -198,9 +261,10 @@ class Scheduler:
         req.num_registered_blocks = len(hit)
         if req.num_cached_tokens < 0:  # first admission: what the prefix cache saved this prompt
             req.num_cached_tokens = num_cached
-            self.stats.prefix_cache_queried_tokens += req.num_tokens
-            self.stats.prefix_cache_hit_tokens += num_cached
-        self.waiting.popleft()
+            if not req.warmup:
+                self.stats.prefix_cache_queried_tokens += req.num_tokens
+                self.stats.prefix_cache_hit_tokens += num_cached
+        (self.waiting if queue is None else queue).popleft()
         self.running.append(req)
         req.status = RequestStatus.RUNNING
         out.chunks.append(ScheduledChunk(req, n, num_cached + n == req.num_tokens))

@@ -47,7 +47,7 @@ class Speculator:
             spec = r.speculation = r.speculation or Speculation()
             room = min(r.max_tokens - len(r.output_token_ids) - 1, self.max_model_len - r.num_tokens)
             k = min(self.max_tokens, room)
-            ks.append(k if k > 0 and spec.wants() else 0)
+            ks.append(k if k > 0 and spec.wants() and not r.heal_left else 0)  # healing: one constrained token
             if not ks[-1] or isinstance(self.proposer, DraftProposer):
                 continue
             if isinstance(self.proposer, SuffixProposer):

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from warmpath.api.fim import fim_for_model
+from warmpath.api.fim import LAYOUTS, fim_for_model
 from warmpath.client.completion import (
     PROTOCOLS,
     RequestRecord,
@@ -26,9 +26,10 @@ from warmpath.client.completion import (
     stream_completion,
 )
 from warmpath.eval.execute import passes
-from warmpath.eval.humaneval import fetch_problems, single_line_tasks, spread
+from warmpath.eval.humaneval import fetch_problems, mid_line, single_line_tasks, spread
 
 FIM_PROMPT = "fim-prompt"
+CURSORS = ("line-start", "mid-line")
 
 
 @dataclass
@@ -48,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(the same prompt for every server)")
     p.add_argument("--fim-family", help="fim-prompt: the family whose template to write (default: from the model's "
                                         "name, e.g. qwen2.5-coder)")
+    p.add_argument("--fim-layout", choices=LAYOUTS, default="anchored",
+                   help="fim-prompt: the layout written (a server's own protocols: its --fim-layout)")
+    p.add_argument("--cursor", choices=CURSORS, default="line-start",
+                   help="where the hole starts: line-start (the hidden line whole, the benchmark as published) or "
+                        "mid-line (halfway through the line's code, as while typing)")
     p.add_argument("--api-key")
     p.add_argument("--model", help="the model name to send (default: the first the server lists)")
     p.add_argument("--limit", type=int, help="this many tasks, evenly spread over all 1,033 (default: all)")
@@ -59,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def evaluate(args: argparse.Namespace) -> int:
     tasks = spread(single_line_tasks(fetch_problems()), args.limit)
+    if args.cursor == "mid-line":
+        tasks = [mid_line(t) for t in tasks]
     literal = args.protocol == FIM_PROMPT
     target = Target(args.target, args.model, args.api_key, "openai" if literal else args.protocol)
     clock = monotonic_clock()
@@ -74,8 +82,8 @@ async def evaluate(args: argparse.Namespace) -> int:
             body = {"prompt": task.prefix, "suffix": task.suffix, "max_tokens": args.max_tokens, "temperature": 0,
                     "stop": ["\n"]}
             if template is not None:  # the prompt written out, no suffix field (servers end at the markers)
-                body = {"prompt": template.build(task.prefix, task.suffix), "max_tokens": args.max_tokens,
-                        "temperature": 0, "stop": ["\n"]}
+                body = {"prompt": template.build(task.prefix, task.suffix, layout=args.fim_layout),
+                        "max_tokens": args.max_tokens, "temperature": 0, "stop": ["\n"]}
             await stream_completion(http, target, body, rec, clock)
             middle = rec.text.split("\n", 1)[0]
             ok = rec.error is None and await asyncio.to_thread(passes, task.program(middle), args.timeout)
@@ -86,7 +94,8 @@ async def evaluate(args: argparse.Namespace) -> int:
                 done = sum(r.passed for r in results)
                 print(f"{i + 1}/{len(tasks)} tasks, pass@1 so far {100 * done / (i + 1):.1f}%", file=sys.stderr)
     passed, errors = sum(r.passed for r in results), sum(r.error is not None for r in results)
-    summary = {"benchmark": "HumanEval single-line infilling", "tasks": len(results), "passed": passed,
+    summary = {"benchmark": "HumanEval single-line infilling", "cursor": args.cursor, "tasks": len(results),
+               "passed": passed,
                "pass_at_1": passed / len(results) if results else 0.0, "errors": errors, "target": args.target,
                "protocol": args.protocol, "model": target.model, "label": args.label,
                "mean_seconds": sum(r.seconds for r in results) / max(1, len(results)),

@@ -69,6 +69,14 @@ def single_line_tasks(problems: list[dict]) -> list[Task]:
     return tasks
 
 
+def mid_line(task: Task) -> Task:
+    """The same task with the cursor halfway through the hidden line's code (after its indentation), as an editor
+    asks while the developer is typing: often mid-word. The first half joins the prefix; the rest is the middle."""
+    code = task.middle.lstrip()
+    cut = len(task.middle) - len(code) + len(code) // 2
+    return Task(task.task_id + "/mid", task.prefix + task.middle[:cut], task.suffix, task.middle[cut:], task.test)
+
+
 def spread(tasks: list[Task], limit: int | None) -> list[Task]:
     """`limit` tasks evenly spread over all of them (every problem's share alike), in order; all when None."""
     if limit is None or limit >= len(tasks):

@@ -6,6 +6,7 @@ Special tokens in the text are parsed as special tokens (as llama-server and vLL
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -51,6 +52,19 @@ def gguf_pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
     raise ValueError(f"unsupported GGUF pre-tokenizer {name!r}")
 
 
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte 0..255 in a vocabulary."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
 @dataclass
 class Tokenizer:
     """encode(text) -> ids, decode(ids) -> text, plus the special tokens the engine needs."""
@@ -82,6 +96,21 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def token_bytes(self) -> list[bytes | None]:
+        """Each id's bytes (byte-level BPE: the vocabulary's characters map back to bytes); None for a special
+        token, or for every id of a tokenizer that is not byte-level."""
+        if not isinstance(self.backend.decoder, decoders.ByteLevel):
+            return [None] * self.vocab_size
+        alphabet = "".join(_byte_chars())
+        back = str.maketrans(alphabet, "".join(map(chr, range(256))))  # then latin-1 spells each byte
+        special = set(self.special_tokens.values())
+        out: list[bytes | None] = [None] * self.vocab_size
+        for piece, i in self.backend.get_vocab(with_added_tokens=False).items():
+            if i not in special and i < len(out) and not piece.strip(alphabet):
+                out[i] = piece.translate(back).encode("latin-1")
+        return out
 
     def token_to_id(self, text: str) -> int | None:
         return self.backend.token_to_id(text)

@@ -63,7 +63,11 @@ def render_fim(body: dict, model: str) -> dict:
     if template is None:  # no FIM tokens: complete from the prefix
         out["prompt"] = context + prefix
         return out
-    out["prompt"] = template.build(prefix, suffix, context)
+    # These engines do not heal the prompt's last token (engine/healing.py), so the anchored layout, which keeps
+    # their prefix cache warm, is used only where the cursor is at a line's start; inside a line it would end
+    # the prompt inside a word (benchmarks/results/fim_layout_quality_*: measured by pass@1 both ways).
+    layout = "anchored" if not prefix or prefix.endswith("\n") else "cursor"
+    out["prompt"] = template.build(prefix, suffix, context, layout)
     stop = out.get("stop") or []
     stop = [stop] if isinstance(stop, str) else list(stop)
     out["stop"] = stop + [s for s in template.stops if s not in stop]

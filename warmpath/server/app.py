@@ -19,7 +19,7 @@ from starlette.background import BackgroundTask
 
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, install_error_handlers, unless_disconnected
-from warmpath.api.fim import ContextFile, repo_context
+from warmpath.api.fim import LAYOUTS, ContextFile, repo_context
 from warmpath.api.guard import GuardMiddleware
 from warmpath.api.protocol import ApiError, ChatRequest, CompletionRequest, SamplingFields
 from warmpath.config import ServerConfig
@@ -41,6 +41,8 @@ class Frontend:
     """What the routes share: the engine, its model names and prompt formats, and the jobs it runs."""
 
     def __init__(self, engine: Engine, config: ServerConfig):
+        if config.fim_layout not in LAYOUTS:
+            raise ValueError(f"--fim-layout must be one of {', '.join(LAYOUTS)}, got {config.fim_layout!r}")
         self.engine, self.config = engine, config
         self.async_engine = AsyncEngine(engine)
         self.metrics = Metrics(engine)
@@ -94,7 +96,8 @@ class Frontend:
             context = repo_context([ContextFile(e.filename, e.text) for e in body.extra or []], self.fim)
             if suffix or literal or (context and self.fim is not None):
                 if self.fim is not None:
-                    text, fim_mode = self.fim.build(prefix, suffix or "", context), self.fim.name
+                    text = self.fim.build(prefix, suffix or "", context, self.config.fim_layout)
+                    fim_mode = self.fim.name
                 else:  # no FIM tokens: complete from the prefix, cut where the suffix starts repeating
                     text, cutter, fim_mode = context + prefix, SuffixCutter(suffix or ""), "prefix-only"
                 if literal:

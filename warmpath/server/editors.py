@@ -65,7 +65,8 @@ class Editors:
         if fill.suffix is None:
             return context + fill.prefix + fill.middle, None, None
         if self.f.fim is not None:
-            return self.f.fim.build(fill.prefix, fill.suffix, context) + fill.middle, None, self.f.fim.name
+            return (self.f.fim.build(fill.prefix, fill.suffix, context, self.f.config.fim_layout) + fill.middle, None,
+                    self.f.fim.name)
         return context + fill.prefix + fill.middle, SuffixCutter(fill.suffix) if fill.suffix else None, "prefix-only"
 
     async def fit(self, fill: Fill, reserve: int) -> tuple[list[int], SuffixCutter | None, str | None, bool]:

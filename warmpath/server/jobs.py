@@ -5,6 +5,7 @@ before its deadline, run through the AsyncEngine as text deltas, and recorded in
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class Jobs:
         self.engine, self.async_engine, self.metrics = engine, async_engine, metrics
         self.fim = detect_fim(engine.tokenizer)
         self.fim_stop_ids = fim_stop_ids(engine.tokenizer, self.fim) if self.fim else []
+        if self.fim is not None:  # heal() needs the vocabulary's index: built beside the start, not at a keystroke
+            threading.Thread(target=lambda: engine.healer, name="healer-index", daemon=True).start()
 
     def add_fim_stops(self, job: Job) -> None:
         """A job prompted with the family's FIM template (any protocol) ends at the family's markers: as special
@@ -89,6 +92,21 @@ class Jobs:
             return
         job.params.stop_token_ids = sorted({*job.params.stop_token_ids, *self.fim_stop_ids})
         job.stop = [*job.stop, *(t for t in self.fim.stops if t not in job.stop)]
+
+    def heal(self, job: Job) -> None:
+        """A FIM prompt that ends in text (the anchored layout's lines after the middle marker, /infill's cursor line)
+        gives its last token back: the completion's first tokens must spell it again (engine/healing.py), so a
+        cursor inside a word is completed as the word the model would write, not after the piece it was cut into."""
+        if self.fim is None or job.fim_mode != self.fim.name or len(job.prompt_ids) < 2 or job.params.heal:
+            return
+        piece = self.engine.tokenizer.token_bytes[job.prompt_ids[-1]]
+        try:
+            text = piece.decode() if piece else ""  # no piece: a special token, the prompt ends at the marker
+        except UnicodeDecodeError:  # part of a character: the prompt stays as it is
+            return
+        if text:
+            job.prompt_ids, job.params.heal = job.prompt_ids[:-1], text
+            job.logprob_chars = -len(text)  # the first token's characters include it; the answer's text does not
 
     def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
              max_tokens: int | None, cache_salt: str | None = None) -> Job:
@@ -134,7 +152,8 @@ class Jobs:
         if self.refuse_if_overloaded(job):  # checked here, right before submitting: see reserve()
             return
         self.add_fim_stops(job)
-        detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop)
+        self.heal(job)
+        detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop, heal=job.params.heal)
         gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline,
                                          job.cache_salt)
         try:

@@ -104,6 +104,7 @@ class SimBackend:
         plan = self.scheduler.schedule()
         sampling = [c.request for c in plan.chunks if c.sample]
         seconds = self.cost.step_seconds(step_shape(plan)) if plan.chunks else 0.0
+        self.scheduler.observe(plan.num_tokens, seconds)  # paces prompt chunks as the engine's own steps do
         done = plan.finished + (self.scheduler.update(plan, [[SIM_TOKEN]] * len(sampling)) if plan.chunks else [])
         cached = {c.request.request_id: c.request.num_cached_tokens for c in plan.chunks}
         for r in done:
