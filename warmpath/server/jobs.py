@@ -97,7 +97,8 @@ class Jobs:
         """A FIM prompt that ends in text (the anchored layout's lines after the middle marker, /infill's cursor line)
         gives its last token back: the completion's first tokens must spell it again (engine/healing.py), so a
         cursor inside a word is completed as the word the model would write, not after the piece it was cut into."""
-        if self.fim is None or job.fim_mode != self.fim.name or len(job.prompt_ids) < 2 or job.params.heal:
+        mode = (job.fim_mode or "").split(";")[0]  # "; the prompt's ... markers": another family's, rebuilt
+        if self.fim is None or mode != self.fim.name or len(job.prompt_ids) < 2 or job.params.heal:
             return
         piece = self.engine.tokenizer.token_bytes[job.prompt_ids[-1]]
         try:
