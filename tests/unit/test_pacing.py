@@ -117,3 +117,19 @@ def test_the_sessions_next_request_ends_its_warm_up():
     s.add(stale)
     s.finish(stale, FinishReason.ABORT)
     assert not s.warming
+
+
+def test_a_warm_up_gives_its_blocks_back_before_anyone_waits_for_them():
+    s = Scheduler(SchedulerConfig(256, 64, 100.0), BlockPool(40, 16, True, b"test"))  # 640 tokens of KV
+    s.clock = clock = Clock()
+    late = request("late", 600, "alice")
+    late.deadline = 0.3
+    s.add(late)
+    s.update(s.schedule(), [])
+    clock.t = 0.4
+    s.update(s.schedule(), [])
+    warm = next(r for r in s.running if r.warmup)
+    assert len(warm.block_ids) == 32 and s.pool.num_free < 32
+    s.add(request("bob", 500, "bob"))  # needs more blocks than are free: the warm-up goes, bob runs
+    plan = s.schedule()
+    assert warm.finished and [c.request.request_id for c in plan.chunks] == ["bob"] and not s.stats.num_preemptions

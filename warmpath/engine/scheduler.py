@@ -177,15 +177,22 @@ class Scheduler:
                 out.finished.append(req)
                 continue
             if not self._admit(req, min(budget, cap), out):
-                break  # head of line does not fit yet: keep FCFS order, wait for blocks
+                warm = next((r for r in reversed(self.running) if r.warmup), None)
+                if warm is None:
+                    break  # head of line does not fit yet: keep FCFS order, wait for blocks
+                self.finish(warm, FinishReason.ABORT)  # a warm-up's blocks go back before anyone waits for them
+                continue
             budget -= out.chunks[-1].num_tokens
 
         # 3. Warm-ups, with what is left: the running ones, then one more admitted. None in a step that preempted.
         for req in [r for r in self.running if r.warmup]:
             n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
             need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
-            if out.preempted or n <= 0 or need > self.pool.num_free:  # a warm-up never preempts anyone
+            if out.preempted or n <= 0:
                 break
+            if need > self.pool.num_free:  # a warm-up never preempts anyone, nor holds blocks it cannot grow
+                self.finish(req, FinishReason.ABORT)
+                continue
             req.block_ids += self.pool.allocate(need) if need > 0 else []
             out.chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
             budget -= n
@@ -210,7 +217,7 @@ class Scheduler:
         False when req itself had to be preempted."""
         need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
         while need > self.pool.num_free:
-            victim = self.running[-1]
+            victim = next((r for r in reversed(self.running) if r.warmup), self.running[-1])  # warm-ups go first
             if victim is req and len(self.running) == 1:
                 # Alone and still no room: it can never finish in this pool.
                 self.finish(req, FinishReason.ERROR, f"request grew to {req.num_tokens} tokens; the KV pool "
