@@ -35,7 +35,7 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kill-node-at", type=float, help="simulated second at which one node dies")
     g.add_argument("--kill-node", type=int, help="which node (default: the one most sessions call home then)")
     g.add_argument("--target-goodput", type=float, default=SimConfig.target_goodput,
-                   help=f"--sweep nodes: editor goodput to keep (default: {SimConfig.target_share:.0%} of what "
+                   help=f"--sweep nodes: editor goodput to keep (default: {SimConfig.target_share:.0%}% of what "
                    "--nodes nodes get)")
     g.add_argument("--router-busy", type=float, default=SimConfig.router_busy,
                    help="share of its core a router replica may use at the peak")
