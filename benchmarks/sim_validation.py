@@ -1,8 +1,9 @@
-"""Does the simulator tell the truth? The same small editor trace through the real engine (bundled model, wall
-clock) and through the simulator (the engine's scheduler and block pool + the calibrated cpu-smollm2 cost
+"""Does the simulator tell the truth? The same small editor trace through the real engine (the profile's model,
+wall clock) and through the simulator (the engine's scheduler and block pool + the profile's calibrated cost
 model, virtual clock), with the same client behaviour (debounce, cancel on keystroke, client deadline).
 
-    python benchmarks/sim_validation.py [--developers 4 --duration 240 --rate 20 --deadline-ms 3000]
+    python benchmarks/sim_validation.py [--profile cpu-smollm2 --developers 4 --duration 240 --rate 20
+                                         --deadline-ms 3000]
 
 Goal (issue #8): prefix hit rate within 2 points, editor TTFT p50 within 25%. The client deadline is 3 s here
 (not the editor's 300 ms) so that TTFT is measured rather than censored on this slow CPU.
@@ -29,6 +30,7 @@ from warmpath.workloads import make_trace
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="cpu-smollm2", help="a profile with a model here (cpu-qwen2.5-coder-0.5b ...)")
     ap.add_argument("--developers", type=int, default=4)
     ap.add_argument("--duration", type=float, default=240)
     ap.add_argument("--rate", type=float, default=20)
@@ -37,18 +39,18 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/sim_validation.json")
     args = ap.parse_args()
     trace = make_trace("editor", args.developers, args.duration, args.seed, args.rate)
-    profile = get_profile("cpu-smollm2")
+    profile = get_profile(args.profile)
     tokenize = tokenizer_for(profile, "model")
     client = replace(ClientConfig(), deadline_ms=args.deadline_ms, max_time_ms=max(3000.0, args.deadline_ms))
 
-    engine = Engine(EngineConfig(model="smollm2", dtype="float32"))
+    engine = Engine(EngineConfig(model=profile.model_spec, dtype=profile.calibrate_dtype))
     real = Driver(trace, [RealBackend(engine, 0.0)], tokenize, client, realtime=True)
     real.backends[0].origin = real._origin
     t = time.perf_counter()
     real.run()
     real_summary = summarize(real, time.perf_counter() - t)
 
-    sim = Driver(trace, [SimBackend(profile.cost["float32"], engine.pool.num_blocks, profile.block_size,
+    sim = Driver(trace, [SimBackend(profile.cost[profile.default_dtype], engine.pool.num_blocks, profile.block_size,
                                     engine.config.max_num_batched_tokens)], tokenize, client)
     t = time.perf_counter()
     sim.run()
@@ -63,7 +65,7 @@ def main() -> None:
     print(f"\nhit rate gap: {hit_gap:.1f} points (goal <= 2); TTFT p50 sim / real: {ttft_ratio:.2f} "
           f"(goal 0.75-1.25)")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"args": vars(args), "cost": profile.sources["cost"],
+    Path(args.json).write_text(json.dumps({"args": vars(args), "profile": profile.name, "cost": profile.sources["cost"],
                                            "real": real_summary, "sim": sim_summary, "hit_rate_gap_points": hit_gap,
                                            "ttft_p50_ratio": ttft_ratio}, indent=1, default=str))
     print(f"wrote {args.json}")

@@ -42,9 +42,10 @@ class SchedulerConfig:
     # long prompt prefills, large enough that the prompt's TTFT barely grows (benchmarks/engine_batching.py).
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
-    # While more than one request is in the engine, a prompt's chunk takes at most what this machine computes in
-    # this long (measured from the steps run: Scheduler.observe), so a keystroke arriving behind another
-    # session's long prompt waits for a short step, not a 512-token one; 0: off (chunks fill the budget).
+    # While another session is quick (decoding, or typing on a warm prefix), a prompt's chunk takes at most what
+    # this machine computes in this long (measured from the steps run: Scheduler.observe), so a keystroke arriving
+    # behind another session's long prompt waits for a short step, not a 512-token one; 0: off (chunks fill the
+    # budget). Cold sessions alone are never paced: short chunks would only add each step's fixed cost.
     step_target_ms: float = 100.0
     # A session's request that passes its deadline mid-prompt leaves its prompt computing on, with what budget the
     # others leave, until the session's next request comes: that keystroke then finds the prefix cached.
@@ -236,4 +237,5 @@ class SimConfig:
     # --nodes nodes get: cold prefills cap goodput below 1 on some hardware whatever the fleet's size)
     target_goodput: float | None = None
     target_share: float = 0.95
+    capacity_goodput: float | None = None  # --sweep developers: the goodput to keep (None: target_share of the best)
     router_busy: float = 0.5  # a router replica (one process, one core) planned to this share of its core at peak

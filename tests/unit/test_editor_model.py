@@ -82,7 +82,7 @@ class ScriptedBackend:
             times.append(times[-1] + g)
         self.due[rid] = times
 
-    def abort(self, rid):
+    def abort(self, rid, now):
         self.due.pop(rid, None)
 
     def busy(self):

@@ -1,6 +1,7 @@
-"""Prompt chunks paced to a short step (Scheduler.observe, SchedulerConfig.step_target_ms): while another session
-is typing, a long cold prompt runs in chunks this machine computes in about step_target_ms, so a keystroke that
-arrives behind it is admitted at the next step instead of waiting out 512-token steps; alone, it fills the budget."""
+"""Prompt chunks paced to a short step (Scheduler.observe, SchedulerConfig.step_target_ms): while another session is
+quick (typing on a warm prefix, or decoding), a long cold prompt runs in chunks this machine computes in about
+step_target_ms, so a keystroke that arrives behind it is admitted at the next step instead of waiting out 512-token
+steps; alone, or beside other cold sessions only, it fills the budget."""
 
 from warmpath.config import SchedulerConfig
 from warmpath.engine.block_pool import BlockPool
@@ -41,9 +42,17 @@ def test_the_chunk_is_what_the_measured_steps_compute_in_the_target():
     assert off.latency_chunk is None
 
 
+def typed(s: Scheduler, rid: str, n: int, session: str) -> None:
+    """A request of session answered: it was admitted needing n tokens, and finished."""
+    s.add(request(rid, n, session))
+    s.schedule()
+    s.finish(next(r for r in s.running if r.request_id == rid), FinishReason.STOP)
+
+
 def test_a_keystroke_behind_a_cold_prompt_runs_in_the_next_short_step():
     s, clock = scheduler()
     s.observe(512, 512 * 0.0025)
+    typed(s, "key0", 20, "bob")  # bob types on a warm prefix: 20 new tokens a keystroke
     s.add(request("cold", 1500, "alice"))
     clock.t = 0.5
     s.add(request("key", 20, "bob"))
@@ -61,13 +70,53 @@ def test_alone_a_prompt_fills_the_budget_and_paces_while_another_session_types()
     assert [c.num_tokens for c in s.schedule().chunks] == [512]
     s2, clock2 = scheduler()
     s2.observe(512, 512 * 0.0025)
-    s2.add(request("key", 20, "bob"))
-    s2.finish(s2.waiting[0], FinishReason.STOP)  # answered
+    typed(s2, "key", 20, "bob")
     clock2.t = 1.0
     s2.add(request("cold", 1500, "alice"))  # bob asked a second ago: his next keystroke may come mid-step
     assert [c.num_tokens for c in s2.schedule().chunks] == [32]
     clock2.t = 1.0 + ACTIVE_S + 0.1  # bob stopped typing
     assert [c.num_tokens for c in s2.schedule().chunks] == [512]
+
+
+def test_cold_sessions_alone_are_not_held_back():
+    """Two developers opening files at once: neither has a keystroke a long chunk would delay, and short chunks only
+    add each step's fixed cost to both their waits."""
+    s, clock = scheduler()
+    s.observe(512, 512 * 0.0025)
+    s.add(request("cold-a", 1500, "alice"))
+    s.add(request("cold-b", 1500, "bob"))
+    plan = s.schedule()
+    assert [c.num_tokens for c in plan.chunks] == [512]  # the budget, first come first served
+    s.update(plan, [])
+    plan = s.schedule()
+    assert [c.num_tokens for c in plan.chunks] == [480, 32]  # a chunk of it left to the one waiting: admitted
+    s.update(plan, [])
+    typed(s, "key", 20, "carol")  # someone types on a warm prefix: admitted beside them, then both are paced
+    assert sorted(c.num_tokens for c in s.schedule().chunks) == [32, 32]
+
+
+def test_a_session_that_goes_cold_stops_pacing_the_others():
+    s, clock = scheduler()
+    s.observe(512, 512 * 0.0025)
+    typed(s, "key", 20, "bob")
+    s.add(request("cold", 1500, "alice"))
+    assert [c.num_tokens for c in s.schedule().chunks] == [32]
+    s.add(request("other-file", 1200, "bob"))  # bob opened another file: his requests are slow whatever we do
+    s.update(s.schedule(), [])
+    plan = s.schedule()
+    assert {c.request.request_id: c.num_tokens for c in plan.chunks} == {"cold": 512}  # first come, first served
+
+
+def test_a_stream_being_decoded_paces_a_cold_prompt():
+    s, clock = scheduler()
+    s.observe(512, 512 * 0.0025)
+    s.add(request("chat", 600, "bob"))
+    while not s.running or not s.running[0].output_token_ids:
+        plan = s.schedule()
+        s.update(plan, [[1] for c in plan.chunks if c.sample])
+    s.add(request("cold", 1500, "alice"))
+    chunks = {c.request.request_id: c.num_tokens for c in s.schedule().chunks}
+    assert chunks == {"chat": 1, "cold": 32}  # bob's next token comes after a short step, not a 512-token one
 
 
 def test_a_late_prompt_computes_on_for_its_session_and_yields_to_everyone():
@@ -89,7 +138,7 @@ def test_a_late_prompt_computes_on_for_its_session_and_yields_to_everyone():
     s.add(request("key", 20, "bob"))  # someone else's keystroke comes first, whole
     plan = s.schedule()
     assert [(c.request.request_id, c.num_tokens) for c in plan.chunks][0] == ("key", 20)
-    s.update(plan, [[1]])
+    s.update(plan, [[1] for c in plan.chunks if c.sample])
     for _ in range(200):
         plan = s.schedule()
         if not plan.chunks:

@@ -12,7 +12,7 @@ import math
 
 from warmpath.bench.runner import RunResult
 from warmpath.bench.scrape import delta
-from warmpath.client.outcome import CANCELLED, COMPLETED, DROPPED, ERROR, SHOWN, censored_ttfts
+from warmpath.client.outcome import CANCELLED, COMPLETED, DROPPED, ERROR, SHOWN, censored_ttfts, goodput
 from warmpath.config import SLO
 from warmpath.stats import percentile
 
@@ -47,7 +47,8 @@ def summarize(run: RunResult, slo: SLO) -> dict:
         vals = censored_ttfts(rs)
         out[f"{kind}_ttft_s"] = {f"p{q}": percentile(vals, q) for q in PERCENTILES}
         out[f"{kind}_ttft_n"] = len(vals)
-        out[f"{kind}_goodput"] = (sum(v <= target for v in vals) / len(vals)) if vals else math.nan
+        share = goodput(rs, target)
+        out[f"{kind}_goodput"] = math.nan if share is None else share
         out[f"{kind}_slo_ttft_s"] = target
     all_ttft = censored_ttfts(recs)
     out["ttft_s"] = {f"p{q}": percentile(all_ttft, q) for q in PERCENTILES}

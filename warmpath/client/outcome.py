@@ -55,3 +55,9 @@ def censored_ttft(outcome: str, ttft: float | None) -> float | None:
 
 def censored_ttfts(records: Iterable[Timed]) -> list[float]:
     return [v for r in records if (v := censored_ttft(r.outcome, r.ttft)) is not None]
+
+
+def goodput(records: Iterable[Timed], target_s: float) -> float | None:
+    """The share of requests (cancelled ones left out) whose first token the client saw within target_s."""
+    vals = censored_ttfts(records)
+    return sum(v <= target_s for v in vals) / len(vals) if vals else None

@@ -44,6 +44,14 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _WarmUp:
+    request_id: str
+    prompt_token_ids: list[int]
+    session_id: str | None
+    cache_salt: str | None
+
+
 def release_thread_pool() -> bool:
     """Free the calling thread's OpenMP worker pool (torch's libgomp, which the native kernel shares).
 
@@ -129,6 +137,12 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
         self._wake.set()
 
+    def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
+                cache_salt: str | None = None) -> None:
+        """Compute a refused request's prompt for its session's next one (Engine.warm_up), in the step thread."""
+        self._commands.put(_WarmUp(request_id, list(prompt_token_ids), session_id, cache_salt))
+        self._wake.set()
+
     def reserve(self, request_id: str, num_tokens: int) -> None:
         """Count a request about to be submitted in the estimate from now on (see _queued)."""
         self._queued[request_id] = num_tokens
@@ -146,7 +160,7 @@ class AsyncEngine:
                      if not r.warmup]  # warm-ups yield to everyone
         remaining += list(self._queued.values())
         cap = sched.latency_chunk
-        step = sum(min(n, cap) for n in remaining) if cap is not None and sched.busy() else budget
+        step = sum(min(n, cap) for n in remaining) if cap is not None and sched.quick_sessions() else budget
         if step < budget:  # the step that is running, then ours
             return step * self.seconds_per_token + (self.step_overhead if step else 0.0)
         ahead = sum(remaining)
@@ -168,6 +182,8 @@ class AsyncEngine:
                 except Exception as e:  # validated already; anything left goes back to its caller
                     cmd.loop.call_soon_threadsafe(cmd.stream.put_nowait, e)
                 self._queued.pop(cmd.request_id, None)  # in the scheduler now (counted there), or refused
+            elif isinstance(cmd, _WarmUp):
+                self.engine.warm_up(cmd.request_id, cmd.prompt_token_ids, cmd.session_id, cmd.cache_salt)
             else:
                 self.engine.abort(cmd.request_id)
 

@@ -237,12 +237,16 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return False
-        if req.deadline is not None and self.scheduler.clock() >= req.deadline:  # late, not stale: see expire()
-            self.scheduler.expire(req)
-        else:
-            self.scheduler.finish(req, FinishReason.ABORT)
+        self.scheduler.abort(req)
         self._finished_unreported.append(req)
         return True
+
+    def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
+                cache_salt: str | None = None) -> None:
+        """A request refused unrun: its session's prompt computed on at the lowest priority for its next request
+        (Scheduler.warm_up), and the session counted as quick if its prompt was nearly all cached."""
+        self.scheduler.note_arrival(session_id, prompt_token_ids, cache_salt)
+        self.scheduler.warm_up(request_id, prompt_token_ids, session_id, cache_salt)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._finished_unreported)

@@ -18,6 +18,7 @@ from warmpath.engine.request import FinishReason, Request, RequestMetrics, Reque
 
 log = logging.getLogger(__name__)
 ACTIVE_S = 5.0  # a session that sent a request this recently is still typing (bursts: a request every ~1-2 s)
+QUICK_CHUNKS = 4  # a request needing more paced chunks than this misses an editor's deadline anyway: not "quick"
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Scheduler:
         self.clock = time.monotonic
         self.seconds_per_token: float | None = None  # of prompt-heavy steps, measured (observe)
         self.latency_chunk: int | None = None  # a prompt chunk's most tokens while others are in (None: budget)
-        self.last_seen: dict[str | None, float] = {}  # session -> when its last request came (clock)
+        self.quick_seen: dict[str | None, float] = {}  # session -> when a quick request of it came
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         """A step's measured time. From steps of 32+ tokens: what a token costs on this machine and model, and so
@@ -85,31 +86,64 @@ class Scheduler:
         self.waiting.append(req)
         for w in [r for r in (*self.warming, *self.running) if r.warmup and r.session_id == req.session_id]:
             self.finish(w, FinishReason.ABORT)  # what it computed stays cached for this one
-        now = self.clock()
-        self.last_seen = {s: t for s, t in self.last_seen.items() if now - t < ACTIVE_S}
-        self.last_seen[req.session_id] = now
+        req.block_hashes = self.note_arrival(req.session_id, req.prompt_token_ids, req.cache_salt)
 
-    def busy(self) -> bool:
-        """Another request is in, or another session sent one lately: its next keystroke may come mid-step. (Read
-        from the event loop too, by AsyncEngine.estimate_wait: copies, never an iteration over live state.)"""
-        now, seen = self.clock(), list(self.last_seen.values())
-        return len(self.running) + len(self.waiting) > 1 or sum(now - t < ACTIVE_S for t in seen) > 1
+    def note_arrival(self, session_id: str | None, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
+        """A request of session came (admitted later, or refused unrun by the server): the session is quick if the
+        prefix cache leaves it a few chunks to compute at most, and from this step on the others' prompt chunks
+        are kept short for it. Returns the prompt's block hashes (the admission reuses them)."""
+        hashes = self.pool.hashes(token_ids, None, cache_salt)
+        chunk, now = self.latency_chunk, self.clock()
+        cached = len(self.pool.find_cached_prefix(token_ids, hashes)) * self.block_size
+        # copied, not changed in place: quick_sessions() reads it from the event loop
+        self.quick_seen = {s: t for s, t in self.quick_seen.items() if now - t < ACTIVE_S and s != session_id}
+        if chunk is not None and len(token_ids) - cached <= QUICK_CHUNKS * chunk:
+            self.quick_seen[session_id] = now
+        return hashes
+
+    def quick_sessions(self) -> set[str | None]:
+        """The sessions a long prompt chunk would hold up: those decoding now, and those whose last request (in the
+        last ACTIVE_S) came needing a few chunks at most beyond the prefix cache (note_arrival()): still typing,
+        each keystroke answered in a short step if it does not wait behind a long one. Chunks are kept short only
+        for their sake: cold sessions alone gain nothing from it (every step costs its fixed part too). Read from
+        the event loop too
+        (AsyncEngine.estimate_wait): copies, never an iteration over live state."""
+        now = self.clock()
+        return {s for s, t in list(self.quick_seen.items()) if now - t < ACTIVE_S} | \
+            {r.session_id for r in list(self.running) if r.output_token_ids and not r.warmup}
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.warming)
 
     def expire(self, req: Request) -> None:
-        """Finish a request past its deadline. A session's request still in its prompt leaves a warm-up behind:
-        the prompt's full blocks, computed on at the lowest priority (reported to nobody, never counted in the
-        cache statistics) until the session's next request comes."""
+        """Finish a request past its deadline. A session's request still in its prompt leaves a warm-up behind
+        (warm_up()) until the session's next request comes."""
         full = len(req.prompt_token_ids) // self.block_size * self.block_size
-        if self.config.warm_late_prompts and req.session_id is not None and not req.warmup \
-                and not req.output_token_ids and req.num_computed_tokens < full - 1:
-            self.warming.append(Request(f"{req.request_id}/warm", req.prompt_token_ids[:full],
-                                        SamplingParams(max_tokens=1, temperature=0), frozenset(), 1, None,
-                                        RequestMetrics(arrival_time=req.metrics.arrival_time), req.session_id,
-                                        cache_salt=req.cache_salt, warmup=True))
+        if not req.warmup and not req.output_token_ids and req.num_computed_tokens < full - 1:
+            self.warm_up(req.request_id, req.prompt_token_ids, req.session_id, req.cache_salt)
         self.finish(req, FinishReason.DEADLINE)
+
+    def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
+                cache_salt: str | None = None) -> None:
+        """Compute a session's prompt's full blocks at the lowest priority, reported to nobody and never counted in
+        the cache statistics: for a request late mid-prompt (expire()) or refused unrun as overloaded (the server),
+        so the session's next keystroke finds its prefix cached. The session's next request (or warm-up) ends it."""
+        full = len(prompt_token_ids) // self.block_size * self.block_size
+        if not self.config.warm_late_prompts or session_id is None or full == 0:
+            return
+        for w in [r for r in (*self.warming, *self.running) if r.warmup and r.session_id == session_id]:
+            self.finish(w, FinishReason.ABORT)
+        self.warming.append(Request(f"{request_id}/warm", list(prompt_token_ids[:full]),
+                                    SamplingParams(max_tokens=1, temperature=0), frozenset(), 1, None,
+                                    RequestMetrics(arrival_time=time.perf_counter()), session_id,
+                                    cache_salt=cache_salt, warmup=True))
+
+    def abort(self, req: Request) -> None:
+        """The client gave up on req: past its deadline it is late, not stale (expire() keeps its prompt warming)."""
+        if req.deadline is not None and self.clock() >= req.deadline:
+            self.expire(req)
+        else:
+            self.finish(req, FinishReason.ABORT)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """Finish a request in any state; its blocks go back to the pool at once (full ones stay cached)."""
@@ -149,16 +183,25 @@ class Scheduler:
             out.finished.append(req)
         budget = self.config.max_num_batched_tokens
         # Others in the engine: prompt chunks kept to a short step, so whoever arrives next waits little.
-        cap = self.latency_chunk if self.latency_chunk is not None and self.busy() else budget
+        quick = self.quick_sessions()
+        chunk = self.latency_chunk
+
+        def cap(req: Request) -> int:  # another quick session may send a keystroke mid-step: keep it short
+            return chunk if chunk is not None and quick - {req.session_id} else budget
+        # A long prompt running leaves a chunk of the budget (half at most) to a request waiting that could be
+        # admitted, so a keystroke is not starved behind it.
+        admissible = len(self.running) < self.config.max_num_seqs and any(not r.warmup for r in self.waiting)
+        reserve = min(chunk, budget // 2) if chunk is not None and admissible else 0
 
         # 1. Running requests: one decode token each, or the next chunk of an unfinished prefill.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.warmup:  # after everyone else (3.)
+            left = req.num_tokens - req.num_computed_tokens
+            if req.warmup or (left > 1 and budget <= reserve):  # warm-ups after everyone else (3.)
                 i += 1
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
+            n = min(left, budget if left == 1 else budget - reserve, cap(req))
             drafts = self._drafts(req, n, budget)
             if not self._grow(req, n + drafts, out):
                 break  # req itself was preempted (it was the newest): nothing after it runs either
@@ -176,7 +219,7 @@ class Scheduler:
                             f"{self.pool.num_blocks} in all")
                 out.finished.append(req)
                 continue
-            if not self._admit(req, min(budget, cap), out):
+            if not self._admit(req, min(budget, cap(req)), out):
                 warm = next((r for r in reversed(self.running) if r.warmup), None)
                 if warm is None:
                     break  # head of line does not fit yet: keep FCFS order, wait for blocks
@@ -186,7 +229,7 @@ class Scheduler:
 
         # 3. Warm-ups, with what is left: the running ones, then one more admitted. None in a step that preempted.
         for req in [r for r in self.running if r.warmup]:
-            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, cap(req))
             need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
             if out.preempted or n <= 0:
                 break
@@ -198,7 +241,9 @@ class Scheduler:
             budget -= n
         if self.warming and not out.preempted and not self.waiting and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs:
-            self._admit(self.warming[0], min(budget, cap), out, self.warming)
+            warm = self.warming[0]
+            if not self._admit(warm, min(budget, cap(warm)), out, self.warming):
+                self.finish(warm, FinishReason.ABORT)  # a warm-up never waits for blocks
         return out
 
     def _drafts(self, req: Request, n: int, budget: int) -> int:

@@ -131,12 +131,15 @@ class Jobs:
 
     def refuse_if_overloaded(self, job: Job) -> bool:
         """Can the job not even start before its deadline, given the work queued ahead of it? Then it is
-        recorded as "overloaded" ("deadline" if it is already past) and never submitted: its answer is silence.
+        recorded as "overloaded" ("deadline" if it is already past) and never submitted: its answer is silence,
+        and its session's prompt computes on at the lowest priority, so that session's next keystroke finds it
+        cached (a refusal is a deadline miss known in advance: refused unrun, a cold file would never warm).
         Otherwise it counts as queued ahead of the next one from now on (run() submits it)."""
         now = time.monotonic()
         if job.deadline is None or now + self.async_engine.estimate_wait() <= job.deadline:
             self.async_engine.reserve(job.request_id, len(job.prompt_ids))
             return False
+        self.async_engine.warm_up(job.request_id, job.prompt_ids, job.session_id, job.cache_salt)
         job.finish_reason = "deadline" if now >= job.deadline else "overloaded"
         self.metrics.aborted.labels(job.finish_reason).inc()
         self.metrics.requests.labels(job.finish_reason).inc()

@@ -21,7 +21,8 @@ from warmpath.sim.report import summarize, table
 from warmpath.workloads import AgentParams, Trace, make_trace
 
 S = SimConfig
-SWEEPS = ("pool", "budget", "dtype", "nodes", "replicas")
+SWEEPS = ("pool", "budget", "dtype", "nodes", "replicas", "developers")
+DEVELOPERS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def chunk_tokenizer(text: str) -> list[int]:
@@ -31,14 +32,14 @@ def chunk_tokenizer(text: str) -> list[int]:
 
 
 def tokenizer_for(profile: Profile, choice: str):
-    """The bundled model's tokenizer for its profile (or asked for); the chars estimate otherwise, or when the
-    model file is not on this machine (unless asked for)."""
-    if choice == "chars" or (choice == "auto" and profile.name != "cpu-smollm2"):
+    """The tokenizer of the profile's model; the chars estimate for a paper profile, when asked for, or when the
+    model file is not on this machine (unless --tokenizer model asked for it)."""
+    if choice == "chars" or profile.model_spec is None:
         return chunk_tokenizer
     from warmpath.models.registry import load_tokenizer
 
     try:
-        return load_tokenizer("smollm2").encode
+        return load_tokenizer(profile.model_spec).encode
     except FileNotFoundError:
         if choice == "model":
             raise
@@ -62,8 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="editor client first-token deadline")
     p.add_argument("--tokenizer", default=S.tokenizer, choices=["auto", "model", "chars"])
     p.add_argument("--sweep", choices=SWEEPS, help="pool size | token budget | weights dtype | nodes x policy "
-                   "(--fleet: the fewest nodes for --target-goodput) | replicas (--fleet: agreement)")
-    p.add_argument("--calibrate", action="store_true", help="fit the cpu-smollm2 step-time model to the real "
+                   "(--fleet: the fewest nodes for --target-goodput) | replicas (--fleet: agreement) | developers "
+                   "(how many one node holds at --capacity-goodput with TTFT p50 inside the deadline)")
+    p.add_argument("--capacity-goodput", type=float, default=S.capacity_goodput,
+                   help="--sweep developers: the editor goodput a node must keep (default: 95%% of the best count's: "
+                   "a burst's cold first prompt caps goodput below 1 on a CPU whatever the load)")
+    p.add_argument("--calibrate", action="store_true", help="fit the --profile's step-time model to the real "
                    "engine on this machine and save it (then simulate with it)")
     p.add_argument("--json", dest="json_path")
     p.add_argument("--plot", help="PNG (sweeps: the sweep's curves; else pool use and resident sessions over time)")
@@ -90,19 +95,34 @@ def simulate(trace: Trace, profile: Profile, tokenize, dtype: str, num_blocks: i
     return summarize(driver, time.perf_counter() - t), driver
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.calibrate:
-        from warmpath.sim.calibrate import calibrate
+def holds(by_developers: dict[int, dict], goodput: float, p50_s: float) -> int | None:
+    """The most developers whose run keeps editor goodput and TTFT p50 inside the targets (a smaller count that
+    misses is its short trace's luck, not the box's capacity: fewer developers are less load)."""
+    ok = [n for n, s in by_developers.items() if s.get("editor_goodput") is not None
+          and s["editor_goodput"] >= goodput and s.get("editor_ttft_p50_s") is not None
+          and s["editor_ttft_p50_s"] <= p50_s]
+    return max(ok, default=None)
 
-        cost, meta = calibrate("smollm2", "float32")
-        path = save_calibration("cpu-smollm2", cost, meta)
-        print(f"calibrated cpu-smollm2: {cost}\n  median step-time error {100 * meta['median_relative_error']:.1f}%, "
-              f"max {100 * meta['max_relative_error']:.1f}% over {len(meta['samples'])} shapes; saved {path}")
+
+def run(args: argparse.Namespace) -> int:
     try:
         profile = get_profile(args.profile)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.calibrate:
+        from warmpath.sim.calibrate import calibrate
+
+        if profile.model_spec is None:
+            print(f"error: {profile.name} is a paper profile: there is no model here to calibrate it on",
+                  file=sys.stderr)
+            return 2
+        cost, meta = calibrate(profile.model_spec, profile.calibrate_dtype)
+        path = save_calibration(profile.name, cost, meta)
+        print(f"calibrated {profile.name}: {cost}\n  median step-time error "
+              f"{100 * meta['median_relative_error']:.1f}%, max {100 * meta['max_relative_error']:.1f}% over "
+              f"{len(meta['samples'])} shapes; resident weights {meta['weight_bytes'] / 1e6:.0f} MB; saved {path}")
+        profile = get_profile(args.profile)  # now with the fit
     dtype = args.weights_dtype or profile.default_dtype
     if dtype not in profile.cost:
         print(f"error: profile {profile.name} has weights dtypes {', '.join(profile.cost)}", file=sys.stderr)
@@ -142,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
         for d in profile.cost:
             n = profile.num_kv_blocks(d)
             runs.append((f"{d} ({n} blocks)", simulate(trace, profile, tokenize, d, n, budget, client=client)[0]))
+    elif args.sweep == "developers":
+        if args.trace:
+            print("error: --sweep developers builds its own traces (not with --trace)", file=sys.stderr)
+            return 2
+        for n in DEVELOPERS:
+            t = make_trace(args.workload, n, args.duration, args.seed, args.rate)
+            runs.append((f"{n} developers", simulate(t, profile, tokenize, dtype, blocks, budget, client=client)[0]))
     elif args.sweep == "nodes":
         for n_nodes in (2, 4, 8):
             for pol in ("round-robin", "least-load", "prefix", "session", "hybrid"):
@@ -149,6 +176,14 @@ def run(args: argparse.Namespace) -> int:
                 runs.append((f"{n_nodes} x {pol}", s))
     names, summaries = [n for n, _ in runs], [s for _, s in runs]
     print(table(summaries, names))
+    held = None
+    if args.sweep == "developers":
+        best = max((s["editor_goodput"] or 0.0) for s in summaries)
+        target = args.capacity_goodput if args.capacity_goodput is not None else S.target_share * best
+        held = holds(dict(zip(DEVELOPERS, summaries, strict=True)), target, args.deadline_ms / 1000)
+        print(f"one node holds {held or 0} developer(s) at editor goodput >= {100 * target:.1f}% "
+              f"({'asked' if args.capacity_goodput is not None else f'{S.target_share:.0%} of the best count'}"
+              f") and TTFT p50 <= {args.deadline_ms:.0f} ms ({profile.name}, {args.duration:.0f} s, rate {args.rate})")
     if args.sweep and args.plot:
         from warmpath.sim.plot import plot_sweep
 
@@ -161,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         report = {"command": " ".join(["warmpath", "simulate", *sys.argv[2:]]), "profile": profile.name,
                   "sources": profile.sources, "cost": {d: asdict(c) for d, c in profile.cost.items()},
                   "trace": trace.meta, "runs": dict(zip(names, summaries, strict=True))}
+        if args.sweep == "developers":
+            report["holds_developers"], report["capacity_goodput"] = held or 0, target
         Path(args.json_path).write_text(json.dumps(report, indent=1, default=str))
         print(f"wrote {args.json_path}")
     return 0

@@ -82,6 +82,8 @@ class Profile:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     working_bytes: int = 0  # activations of the largest step (models/footprint.working_bytes for the CPU engine)
+    model_spec: str | None = None  # the model `--calibrate` fits the cost to (None: a paper profile)
+    calibrate_dtype: str = "auto"  # the engine's dtype while it does
     sources: dict[str, str] = field(default_factory=dict)
 
     def num_kv_blocks(self, dtype: str | None = None, memory_bytes: int | None = None) -> int:
@@ -102,8 +104,12 @@ def save_calibration(name: str, cost: CostModel, meta: dict) -> Path:
     return path
 
 
-def load_calibration(name: str) -> CostModel | None:
+def calibration_meta(name: str) -> dict | None:
+    """What `--calibrate` saved for this profile on this machine (the fit, and what it measured beside it)."""
     path = calibration_path(name)
-    if not path.exists():
-        return None
-    return CostModel(**json.loads(path.read_text())["cost"])
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_calibration(name: str) -> CostModel | None:
+    meta = calibration_meta(name)
+    return None if meta is None else CostModel(**meta["cost"])

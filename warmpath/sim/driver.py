@@ -20,7 +20,7 @@ from warmpath.client.editor import EditorSession
 from warmpath.client.outcome import outcome
 from warmpath.config import ClientConfig, SchedulerConfig, SimConfig
 from warmpath.engine.block_pool import BlockPool
-from warmpath.engine.request import FinishReason, Request, RequestMetrics, SamplingParams
+from warmpath.engine.request import Request, RequestMetrics, SamplingParams
 from warmpath.engine.scheduler import Scheduler
 from warmpath.router.policies import RouteKey, Router
 from warmpath.sim.cost import CostModel, StepShape, step_shape
@@ -91,10 +91,11 @@ class SimBackend:
         self.requests[rid] = req
         self.scheduler.add(req)
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str, now: float) -> None:
+        self.now = max(self.now, now)  # the scheduler tells late from stale by this clock
         req = self.requests.pop(rid, None)
         if req is not None:
-            self.scheduler.finish(req, FinishReason.ABORT)
+            self.scheduler.abort(req)
 
     def busy(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -139,7 +140,7 @@ class RealBackend:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.engine.add_request(rid, ids, params, session, None if deadline is None else self.origin + deadline)
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str, now: float) -> None:  # the engine's own clock says when
         if rid in self.engine.requests:
             self.engine.abort(rid)
 
@@ -234,7 +235,7 @@ class Driver:
     def _close(self, session: str, t: float, reason: str) -> None:
         """The client closes the stream of its request in flight: the server aborts it."""
         rec = self.records[self._inflight[session]]
-        self.backends[rec.node].abort(rec.rid)
+        self.backends[rec.node].abort(rec.rid, t)
         if reason == "client_cancel":
             rec.cancelled_at = t
         self._finish(rec, t, reason)

@@ -204,7 +204,7 @@ class FleetDriver(Driver):
             router.forget(self.names[i])
         backend = self.backends[i]
         for rid, req in list(backend.requests.items()):
-            backend.abort(rid)
+            backend.abort(rid, t)
             rec = self.records[rid]
             report.in_flight += 1
             if rec.first_token is not None:  # the client has tokens: the stream ends with the error event

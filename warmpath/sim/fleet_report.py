@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from warmpath.client.outcome import censored_ttfts
+from warmpath.client.outcome import goodput
 from warmpath.config import SLO
 from warmpath.sim.capacity import router_cost
 from warmpath.sim.fleet import FleetDriver
@@ -22,11 +22,6 @@ def _hit(recs) -> float | None:
     seen = [r for r in recs if r.cached_tokens is not None and r.prompt_tokens]
     total = sum(r.prompt_tokens for r in seen)
     return sum(min(r.cached_tokens, r.prompt_tokens) for r in seen) / total if total else None
-
-
-def goodput(recs, target_s: float) -> float | None:
-    vals = censored_ttfts(recs)
-    return sum(v <= target_s for v in vals) / len(vals) if vals else None
 
 
 def node_loss(driver: FleetDriver) -> dict | None:

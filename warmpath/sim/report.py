@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from warmpath.client.outcome import CANCELLED, COMPLETED, DROPPED, SHOWN, censored_ttfts
+from warmpath.client.outcome import CANCELLED, COMPLETED, DROPPED, SHOWN, censored_ttfts, goodput
+from warmpath.config import SLO
 from warmpath.sim.driver import Driver, SimRecord
 from warmpath.stats import percentile
 
@@ -36,6 +37,7 @@ def summarize(driver: Driver, wall_s: float) -> dict:
         ttfts = censored_ttfts(rs)
         out[f"{kind}_ttft_p50_s"] = percentile(ttfts, 50) if ttfts else None
         out[f"{kind}_ttft_p99_s"] = percentile(ttfts, 99) if ttfts else None
+        out[f"{kind}_goodput"] = goodput(rs, getattr(SLO(), f"{kind}_ttft_s"))
     before = [s.resident_sessions for s in driver.samples
               if driver.first_preemption is None or s.t <= driver.first_preemption]
     out["max_resident_sessions_before_preemption"] = max(before, default=0)
@@ -48,7 +50,9 @@ def summarize(driver: Driver, wall_s: float) -> dict:
     return out
 
 
-ROWS = [("prefix-cache hit rate", "prefix_hit_rate", "pct"), ("editor TTFT p50", "editor_ttft_p50_s", "s"),
+ROWS = [("prefix-cache hit rate", "prefix_hit_rate", "pct"),
+        (f"editor goodput (TTFT <= {SLO.editor_ttft_s * 1000:.0f} ms)", "editor_goodput", "pct"),
+        ("editor TTFT p50", "editor_ttft_p50_s", "s"),
         ("editor TTFT p99", "editor_ttft_p99_s", "s"), ("agent TTFT p50", "agent_ttft_p50_s", "s"),
         ("agent TTFT p99", "agent_ttft_p99_s", "s"), ("inter-token p50", "itl_p50_s", "s"),
         ("inter-token p99", "itl_p99_s", "s"), (f"decode stalls (gap >= {STALL_S:.0f} s)", "decode_stalls", "n"),
