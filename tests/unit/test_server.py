@@ -128,26 +128,31 @@ def test_deadline_is_silence(server):
     assert body["choices"][0]["text"] == "" and body["choices"][0]["finish_reason"] == "deadline"
 
 
-def test_overloaded_is_answered_at_once(server):
-    url, app = server
-    engine = app.state.engine
+def behind_a_queue(url: str, app, tag: str, send) -> tuple:
+    """`send(http)` while twelve long prompts fill the engine (four or more waiting): (its answer, whether the
+    queue was still there when it came)."""
     busy = {"prompt": CODE * 12, "max_tokens": 5, "temperature": 0}
 
     async def burst():
         async with httpx.AsyncClient(timeout=120) as http:
             work = [asyncio.create_task(http.post(f"{url}/v1/completions",
-                                                  json={**busy, "prompt": f"#{i}\n" + busy["prompt"]}))
+                                                  json={**busy, "prompt": f"#{tag}{i}\n" + busy["prompt"]}))
                     for i in range(12)]
             await asyncio.to_thread(wait_for_step, app, lambda e: len(e.scheduler.waiting) >= 4)
-            before = _aborted(url, "overloaded")
-            late = await http.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 5},
-                                   headers={"X-Deadline-Ms": "10"})
-            # Answered while the queue ahead of it was still there: it did not wait its turn.
-            answered_early = engine.has_unfinished_requests()
+            answer = await send(http)
+            queued = app.state.engine.has_unfinished_requests()
             await asyncio.gather(*work)
-            return late, answered_early, before
+            return answer, queued
 
-    late, answered_early, before = asyncio.run(burst())
+    return asyncio.run(burst())
+
+
+def test_overloaded_is_answered_at_once(server):
+    url, app = server
+    before = _aborted(url, "overloaded")
+    late, answered_early = behind_a_queue(url, app, "o", lambda http: http.post(
+        f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 5}, headers={"X-Deadline-Ms": "10"}))
+    # Answered while the queue ahead of it was still there: it did not wait its turn.
     assert late.status_code == 200 and answered_early
     assert late.json()["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "overloaded"}
     assert _aborted(url, "overloaded") == before + 1
@@ -157,29 +162,15 @@ def test_an_overloaded_refusal_warms_its_sessions_prompt(server):
     """Refused unrun, a developer's cold file would never warm (each keystroke refused in turn): the refusal leaves
     the prompt computing at the lowest priority, and the session's next request finds it cached."""
     url, app = server
-    engine = app.state.engine
-    busy = {"prompt": CODE * 12, "max_tokens": 5, "temperature": 0}
-    mine = "# refused while others computed\n" + CODE * 4
-
-    async def burst():
-        async with httpx.AsyncClient(timeout=120) as http:
-            work = [asyncio.create_task(http.post(f"{url}/v1/completions",
-                                                  json={**busy, "prompt": f"#w{i}\n" + busy["prompt"]}))
-                    for i in range(12)]
-            await asyncio.to_thread(wait_for_step, app, lambda e: len(e.scheduler.waiting) >= 4)
-            refused = await http.post(f"{url}/v1/completions", headers={"X-Deadline-Ms": "10"},
-                                      json={"prompt": mine, "max_tokens": 5, "user": "dev-refused"})
-            await asyncio.gather(*work)
-            return refused
-
-    refused = asyncio.run(burst())
+    mine = {"prompt": "# refused while others computed\n" + CODE * 4, "user": "dev-refused"}
+    refused, _ = behind_a_queue(url, app, "w", lambda http: http.post(
+        f"{url}/v1/completions", json={**mine, "max_tokens": 5}, headers={"X-Deadline-Ms": "10"}))
     assert refused.json()["choices"][0]["finish_reason"] == "overloaded"
     for _ in range(600):  # the warm-up runs after everyone else
-        if not engine.has_unfinished_requests():
+        if not app.state.engine.has_unfinished_requests():
             break
         time.sleep(0.05)
-    again = httpx.post(f"{url}/v1/completions", timeout=60,
-                       json={"prompt": mine, "max_tokens": 1, "temperature": 0, "user": "dev-refused"}).json()
+    again = httpx.post(f"{url}/v1/completions", timeout=60, json={**mine, "max_tokens": 1, "temperature": 0}).json()
     prompt_tokens = again["usage"]["prompt_tokens"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens // 16 * 16 - 16 > 0
 
