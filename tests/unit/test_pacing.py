@@ -151,15 +151,20 @@ def test_a_late_prompt_computes_on_for_its_session_and_yields_to_everyone():
     assert nxt.num_cached_tokens == 1488  # every full block of the late prompt (1500 // 16 * 16)
 
 
-def test_the_sessions_next_request_ends_its_warm_up():
-    s, clock = scheduler()
-    late = request("late", 1500, "alice")
+def warming(s: Scheduler, clock: Clock, n: int) -> Request:
+    """alice's n-token prompt, late after one step: the warm-up it leaves, after its first step."""
+    late = request("late", n, "alice")
     late.deadline = 0.3
     s.add(late)
     s.update(s.schedule(), [])
     clock.t = 0.4
     s.update(s.schedule(), [])
-    warm = next(r for r in s.running if r.warmup)
+    return next(r for r in s.running if r.warmup)
+
+
+def test_the_sessions_next_request_ends_its_warm_up():
+    s, clock = scheduler()
+    warm = warming(s, clock, 1500)
     s.add(request("typed", 1502, "alice"))
     assert warm.finished and warm not in s.running and not s.warming
     stale = request("stale", 700, "carol")  # no deadline passed: a plain abort leaves nothing behind
@@ -171,13 +176,7 @@ def test_the_sessions_next_request_ends_its_warm_up():
 def test_a_warm_up_gives_its_blocks_back_before_anyone_waits_for_them():
     s = Scheduler(SchedulerConfig(256, 64, 100.0), BlockPool(40, 16, True, b"test"))  # 640 tokens of KV
     s.clock = clock = Clock()
-    late = request("late", 600, "alice")
-    late.deadline = 0.3
-    s.add(late)
-    s.update(s.schedule(), [])
-    clock.t = 0.4
-    s.update(s.schedule(), [])
-    warm = next(r for r in s.running if r.warmup)
+    warm = warming(s, clock, 600)
     assert len(warm.block_ids) == 32 and s.pool.num_free < 32
     s.add(request("bob", 500, "bob"))  # needs more blocks than are free: the warm-up goes, bob runs
     plan = s.schedule()
