@@ -13,7 +13,9 @@ from kquants import QUANTIZERS
 from test_native_kernel import kernel_build, portable_home  # noqa: F401  (fixtures)
 
 from warmpath.kernels import native
+from warmpath.models import quant
 from warmpath.models.ggml_blocks import decode
+from warmpath.models.kernel_blocks import for_fp32_activations
 from warmpath.models.quant import QuantizedMatrix, from_gguf_blocks
 
 KINDS = [("q4_0", 96), ("q5_0", 96), ("q4_k", 512), ("q5_k", 512), ("q6_k", 512)]
@@ -73,3 +75,17 @@ def test_the_files_blocks_have_no_fp32_activation_products():
     q, _ = file_blocks("q4_k", 8, 256)
     with pytest.raises(ValueError, match="int8 activations only"):
         native.matmul(q, torch.randn(1, 256), activations="fp32")
+
+
+@pytest.mark.parametrize(("kind", "cols"), KINDS)
+def test_a_matrix_packed_in_chunks_of_rows_multiplies_as_packed_whole(kind, cols, kernel_build, monkeypatch):  # noqa: F811
+    """Large matrices are converted and packed a run of rows at a time (QuantizedMatrix.row_chunks): 100 rows in
+    runs of 16 must give the products of the whole matrix converted and packed at once, int8 and fp32 alike."""
+    q, _ = file_blocks(kind, 100, cols, seed=3)
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(5))
+    whole_int8 = native.matmul(q, x, threads=2, activations="int8")
+    whole_fp32 = native.matmul(for_fp32_activations(q), x, threads=2, activations="fp32")
+    monkeypatch.setattr(quant, "CHUNK_VALUES", 16 * cols)
+    assert len(q.row_chunks()) == 7
+    assert torch.equal(native.matmul(q, x, threads=2, activations="int8"), whole_int8)
+    assert torch.equal(native.matmul(for_fp32_activations(q), x, threads=2, activations="fp32"), whole_fp32)

@@ -74,6 +74,7 @@ class Engine:
         ckpt = load_checkpoint(config.model, self.dtype)
         self.model_config = ckpt.config
         self.tokenizer: Tokenizer = ckpt.tokenizer
+        self.tensor_types = ckpt.tensor_types  # the file's quant mix (empty for an HF directory)
         self.plan: Plan | None = None
         if planned:
             self.plan = self._make_plan(config, ckpt, threads)

@@ -8,7 +8,7 @@ import torch
 
 from warmpath.kernels.build import NativeKernelError
 from warmpath.models.footprint import GROUP  # output rows per packed group: one AVX2 vector
-from warmpath.models.ggml_blocks import _nibbles, _scale_min_k4, q5_quants
+from warmpath.models.ggml_blocks import _nibbles, _scale_min_k4
 from warmpath.models.quant import BLOCK, BLOCK_BYTES, FILE_KINDS, QuantizedMatrix
 
 KINDS = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_0": 4, "q6_k": 5, "q4_0": 6, "q5_k": 7}  # cpu/common.h WP_*
@@ -21,6 +21,13 @@ def pack(q: QuantizedMatrix, int8_activations: bool = False) -> torch.Tensor:
     them (cpu/matmul.h, "Int8 activations"); the file kinds have that order only."""
     if q.cols % BLOCK:
         raise NativeKernelError(f"the native kernel needs rows of a multiple of {BLOCK} values, got {q.cols}")
+    chunks = q.row_chunks(GROUP)  # each group of rows is packed on its own: chunks of whole groups concatenate
+    if len(chunks) > 1:
+        return torch.cat([_pack(c, int8_activations) for c in chunks])
+    return _pack(q, int8_activations)
+
+
+def _pack(q: QuantizedMatrix, int8_activations: bool) -> torch.Tensor:
     groups, nb = -(-q.rows // GROUP), q.cols // BLOCK
     pad = groups * GROUP - q.rows
     if q.kind == "f32":
@@ -57,8 +64,10 @@ def _nibble_vectors(q: torch.Tensor) -> torch.Tensor:
     """uint8 [group, block, row, 32 columns] (low 4 bits) -> [group, block, v, row, i]: vector v's byte 4j + i =
     q[j][8v + i] | q[j][8v + 4 + i] << 4 (the int8 products' nibble order)."""
     g, nb = q.shape[:2]
-    c = (q & 0x0F).view(g, nb, GROUP, 4, 2, 4)  # [group, block, row, v, half, i]
-    return (c[..., 0, :] | (c[..., 1, :] << 4)).permute(0, 1, 3, 2, 4)
+    # Four columns move together: as one int32 word, the copies below move 4-byte elements, not bytes (~5x faster).
+    w = q.view(torch.int32).view(g, nb, GROUP, 4, 2)  # [group, block, row, v, half]: columns 8v + 4 half + i
+    v = (w[..., 0] & 0x0F0F0F0F) | ((w[..., 1] & 0x0F0F0F0F) << 4)  # nibbles stay within their bytes
+    return v.transpose(2, 3).contiguous().view(torch.uint8).view(g, nb, 4, GROUP, 4)
 
 
 def _unpacked_vectors(q: torch.Tensor) -> torch.Tensor:
@@ -81,20 +90,29 @@ def _fifth_bits(quants: torch.Tensor) -> torch.Tensor:
     return (fifth << torch.arange(8, dtype=torch.uint8).view(8, 1)).sum(-2, dtype=torch.uint8)
 
 
+def _q5_0_fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0's qh, uint8 [rows, blocks, 4] (a little-endian uint32, bit k: value k's fifth bit) -> [rows, blocks, 4]:
+    byte i, bit e = bit 4e + i, which is _fifth_bits' byte 4j + i for row j, straight from the file's bits."""
+    x = qh.contiguous().view(torch.int32).squeeze(-1)
+    m = torch.stack([(x >> i) & 0x11111111 for i in range(4)], dim=-1)  # bits 4e + i, at 4e
+    m = (m | (m >> 3)) & 0x03030303  # bits e = 2a, 2a + 1 at 8a, 8a + 1
+    m = (m | (m >> 6)) & 0x000F000F  # bits e = 4c .. 4c + 3 at 16c ..
+    return ((m | (m >> 12)) & 0xFF).to(torch.uint8)
+
+
 def _pack_file_kind(q: QuantizedMatrix, groups: int, pad: int) -> torch.Tensor:
     """Q4_0, Q5_0, Q4_K, Q5_K, Q6_K in cpu/matmul.h's layouts (kquants.h multiplies them)."""
     nb, ns = q.cols // BLOCK, q.cols // 256
     if q.kind in ("q4_0", "q5_0"):
-        size = 18 if q.kind == "q4_0" else 22
+        size, qs_at = (18, 2) if q.kind == "q4_0" else (22, 6)
         raw = q.data.view(q.rows, nb, size)
-        flat = raw.reshape(-1, size)
-        quants = _nibbles(flat[:, 2:]).view(-1, 32) if q.kind == "q4_0" else q5_quants(flat, 2)
-        blk, quants = _grouped(raw, groups, pad), _grouped(quants.view(q.rows, nb, 32), groups, pad)
+        low = _nibbles(raw.reshape(-1, size)[:, qs_at:]).view(q.rows, nb, 32)  # Q5_0: its quants' low 4 bits
+        blk, low = _grouped(raw, groups, pad), _grouped(low, groups, pad)
         out = torch.empty(groups, nb, 8 * size, dtype=torch.uint8)
         out[..., :16].view(groups, nb, GROUP, 2).copy_(blk[..., 0:2])
-        out[..., 16:144].view(groups, nb, 4, GROUP, 4).copy_(_nibble_vectors(quants))
+        out[..., 16:144].view(groups, nb, 4, GROUP, 4).copy_(_nibble_vectors(low))
         if q.kind == "q5_0":
-            out[..., 144:].copy_(_fifth_bits(quants))
+            out[..., 144:].view(groups, nb, GROUP, 4).copy_(_grouped(_q5_0_fifth_bits(raw[..., 2:6]), groups, pad))
         return out.reshape(-1)
     if q.kind in ("q4_k", "q5_k"):
         size, qs_at, per = (144, 16, 128) if q.kind == "q4_k" else (176, 48, 160)

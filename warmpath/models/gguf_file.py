@@ -22,6 +22,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
           12: "<f8"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,24 @@ class _Cursor:
         self.pos += n
         return s
 
+    def strings(self, count: int) -> list[str]:
+        """An array of strings (a vocabulary: ~150k of them) in one tight loop."""
+        buf, pos, length = self.buf, self.pos, _U64.unpack_from
+        out = []
+        append = out.append
+        try:
+            for _ in range(count):
+                (n,) = length(buf, pos)
+                pos += 8
+                append(str(buf[pos:pos + n], "utf-8"))
+                pos += n
+        except struct.error:
+            raise ValueError(f"{self.path}: truncated GGUF header at byte {pos}") from None
+        if pos > len(buf):  # the last string ran past the end (a slice stops there silently)
+            raise ValueError(f"{self.path}: truncated GGUF header at byte {self.pos}")
+        self.pos = pos
+        return out
+
     def value(self, kind: int) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
@@ -79,6 +98,8 @@ class _Cursor:
                 values = np.frombuffer(self.buf, dtype, count, self.pos).tolist()
                 self.pos = end
                 return values
+            if item == _STRING:
+                return self.strings(count)
             return [self.value(item) for _ in range(count)]
         raise ValueError(f"{self.path}: unknown GGUF value type {kind} at byte {self.pos}")
 

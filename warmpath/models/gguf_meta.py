@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from warmpath.config import ModelConfig
-from warmpath.models.gguf_file import GGUFFile, read_gguf
+from warmpath.models.gguf_file import GGUFFile
 from warmpath.models.tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -64,8 +63,3 @@ def tensor_type_counts(reader: GGUFFile) -> dict[str, int]:
     """The file's quant mix: tensors per GGUF type, e.g. {"Q4_K": 12, "Q5_0": 133, "F32": 121}."""
     return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
 
-
-def quant_mix(path: str | Path) -> dict[str, int] | None:
-    """tensor_type_counts of a GGUF file (its header only); None for anything else (an HF directory)."""
-    path = Path(path)
-    return tensor_type_counts(read_gguf(path)) if path.is_file() and path.suffix == ".gguf" else None

@@ -91,8 +91,10 @@ def for_fp32_activations(q: QuantizedMatrix) -> QuantizedMatrix:
     """q in blocks the fp32-activation products read (Q4_1 / Q8_0 / fp32): the file kinds converted."""
     if q.kind not in FP32_KINDS:
         return q
-    qtype = FILE_KINDS[q.kind]
-    raw = q.data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
-    out = convert(raw, qtype, lambda: q.dequantize().reshape(-1), q.rows, q.cols, FP32_KINDS[q.kind])
-    assert out is not None
-    return out
+    qtype, parts = FILE_KINDS[q.kind], []
+    for c in q.row_chunks():  # rows convert on their own
+        raw = c.data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+        out = convert(raw, qtype, lambda c=c: c.dequantize().reshape(-1), c.rows, c.cols, FP32_KINDS[q.kind])
+        assert out is not None
+        parts.append(out.data)
+    return QuantizedMatrix(out.kind, q.rows, q.cols, torch.cat(parts) if len(parts) > 1 else parts[0])

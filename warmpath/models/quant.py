@@ -21,6 +21,8 @@ from warmpath.models.ggml_blocks import decode
 # The kinds the kernel reads as the GGUF file has them, beyond Q4_1 and Q8_0 (int8 activations only).
 FILE_KINDS = {k: GGMLQuantizationType[k.upper()] for k in ("q4_0", "q5_0", "q4_k", "q5_k", "q6_k")}
 
+CHUNK_VALUES = 1 << 20  # values per chunk of rows (row_chunks): ~4 MB as fp32
+
 __all__ = ["BLOCK", "BLOCK_BYTES", "FILE_KINDS", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"]
 
 
@@ -51,6 +53,15 @@ class QuantizedMatrix:
         qs = blocks[..., 4:]
         q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()  # low nibbles are values 0..15, high 16..31
         return (d * q + m).reshape(self.rows, self.cols)
+
+    def row_chunks(self, multiple: int = 8) -> list[QuantizedMatrix]:
+        """The matrix as consecutive runs of rows (each a multiple of `multiple` but the last) of ~CHUNK_VALUES
+        values each: converting or packing a chunk at a time keeps torch's temporaries in cache, where a whole
+        matrix's (hundreds of MB) would be fresh pages the OS must fault in, op after op (3-4x slower)."""
+        step = max(multiple, CHUNK_VALUES // self.cols // multiple * multiple)
+        data = self.data.view(self.rows, -1)
+        return [QuantizedMatrix(self.kind, min(step, self.rows - r), self.cols, data[r:r + step])
+                for r in range(0, self.rows, step)]
 
     def map_rows(self, fn) -> QuantizedMatrix:
         """The same matrix with its rows rearranged by fn (whole rows of blocks move together)."""

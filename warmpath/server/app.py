@@ -26,8 +26,6 @@ from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
-from warmpath.models.gguf_meta import quant_mix
-from warmpath.models.registry import resolve_model
 from warmpath.server import editor_routes
 from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
@@ -64,8 +62,8 @@ class Frontend:
         cfg, native = self.engine.model_config, self.engine.runner.native
         return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "warmpath",
                 "max_model_len": self.engine.max_model_len, "architecture": cfg.architecture,
-                "context_length": cfg.max_position_embeddings, "quantization": quant_mix(resolve_model(
-                    self.engine.config.model)), "kernel_weights": native.weight_kinds if native else None,
+                "context_length": cfg.max_position_embeddings, "quantization": self.engine.tensor_types or None,
+                "kernel_weights": native.weight_kinds if native else None,
                 "fim_template": self.fim.name if self.fim else None,
                 "repo_context": bool(self.fim and self.fim.file_sep),
                 "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype.itemsize)}

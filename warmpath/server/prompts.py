@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+import threading
 from dataclasses import replace
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -150,10 +151,20 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.chars_per_token = max(1, max(len(t) for t in tokenizer.backend.get_vocab(with_added_tokens=True)))
-        # A copy that reads special-token strings as text (a flag on the tokenizer object: never toggled on
-        # the shared one, which other threads use at the same time).
-        self.text_backend = HFTokenizer.from_str(tokenizer.backend.to_str())
-        self.text_backend.encode_special_tokens = True
+        self._text_backend: HFTokenizer | None = None
+        self._text_backend_lock = threading.Lock()
+
+    @property
+    def text_backend(self) -> HFTokenizer:
+        """A copy of the tokenizer that reads special-token strings as text (a flag on the tokenizer object: never
+        toggled on the shared one, which other threads use at the same time). Made at the first chat request, in
+        its worker thread: copying a 150k vocabulary takes ~0.5 s that a server start need not wait for."""
+        with self._text_backend_lock:
+            if self._text_backend is None:
+                backend = HFTokenizer.from_str(self.tokenizer.backend.to_str())
+                backend.encode_special_tokens = True
+                self._text_backend = backend
+            return self._text_backend
 
     def check_length(self, chars: int, param: str) -> None:
         limit = self.max_model_len * self.chars_per_token
