@@ -7,6 +7,7 @@ the agent workload, the session's history feeding the suffix proposer), `free` (
 to copy), and `concurrent` (16 edit requests at once: the step is compute-bound, speculation must not cost).
 
     python benchmarks/speculative.py [--method ngram|suffix] [--edits 6 --agent-turns 6 --free 4]
+    python benchmarks/speculative.py --model qwen2.5-coder-1.5b --method draft --draft-model qwen2.5-coder-0.5b
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def compare(engine, speculator, name: str, batches: list[tuple[list[list[int]], 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", default="ngram", choices=["ngram", "suffix"])
+    p.add_argument("--method", default="ngram", choices=["ngram", "suffix", "draft"])
+    p.add_argument("--draft-model", default=None, help="with --method draft: the model that guesses (same tokenizer)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens)
     p.add_argument("--edits", type=int, default=6)
@@ -95,7 +97,8 @@ def main() -> int:
                    "on and off goes first (a single pair varies by +-15%% on a shared 2-core VM)")
     p.add_argument("--out", default="benchmarks/results/speculative.json")
     a = p.parse_args()
-    llm = LLM(a.model, speculative_method=a.method, num_speculative_tokens=a.num_speculative_tokens)
+    llm = LLM(a.model, speculative_method=a.method, num_speculative_tokens=a.num_speculative_tokens,
+              speculative_draft_model=a.draft_model)
     engine = llm.engine
     speculator, tok = engine.speculator, engine.tokenizer
 
@@ -128,6 +131,7 @@ def main() -> int:
                               concurrent=True, repeat=2 * a.repeat),
     }
     write_json(a.out, {"command": " ".join(["python", *sys.argv]), "machine": machine(), "method": a.method,
+                       "model": a.model, "draft_model": a.draft_model,
                        "num_speculative_tokens": a.num_speculative_tokens, "repeat": a.repeat,
                        "rows": rows})
     return 0

@@ -56,6 +56,18 @@ def test_rows_are_verified_only_while_they_pay_for_themselves():
     assert choose_drafts(1, [0.9], [4], StepTimes()) == [0]  # nothing measured yet
 
 
+def test_a_draft_guesses_only_when_its_guessing_costs_less_than_it_saves():
+    """A draft model's guesses are not free: each guessed position is one forward of the draft. Counted in the
+    choice, a draft that costs more than a decode step of the model itself guesses nothing (never slower than
+    off); a cheap one guesses as far as verifying pays."""
+    flat = StepTimes()
+    for n in range(1, 40):
+        flat.record(n, 0.010)
+    assert choose_drafts(1, [0.9], [4], flat, guess_seconds=0.020) == [0]
+    assert choose_drafts(1, [0.9], [4], flat, guess_seconds=0.001) == [4]
+    assert 0 < choose_drafts(1, [0.6], [4], flat, guess_seconds=0.003)[0] < 4  # likelier first guesses only
+
+
 def _engine_llm(model: str, method: str, **kw) -> LLM:
     llm = LLM(model, speculative_method=method, speculative_max_seqs=8, **kw)
     if method != "none":  # verifying always pays: the decision is tested above, the exactness here
@@ -216,3 +228,25 @@ def test_no_guesses_while_a_prompt_waits_or_is_computed(tiny_gguf):
     _run(llm, prompts, [GREEDY] * len(prompts))
     assert any(drafts for drafts, _, _ in steps)
     assert all(prompts == 0 for drafts, prompts, _ in steps if drafts)
+
+
+def test_the_draft_computes_only_a_long_prompts_last_window(tiny_gguf, monkeypatch):
+    """The draft starts a request from its last WINDOW tokens, not its whole prompt (a long prompt would cost the
+    draft a prefill longer than the decode it shortens); outputs stay the model's own."""
+    from warmpath.engine import draft
+
+    monkeypatch.setattr(draft, "WINDOW", 16)
+    prompt, params = REPEATING[0] * 3, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # 90 tokens
+    kw = {"num_kv_blocks": 256, "dtype": "float32", "kernel": "torch", "block_size": 4}
+    off = _run(_engine_llm(str(tiny_gguf), "none", **kw), [prompt], [params])
+    llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(tiny_gguf), speculative_draft_blocks=64,
+                      **kw)
+    engine, seen = llm.engine, []
+    engine.add_request("long", prompt, params)
+    out = []
+    while engine.has_unfinished_requests():
+        out += [o for o in engine.step() if o.finished]
+        seen += [(st.start, len(st.blocks)) for st in engine.speculator.proposer.states.values()]
+    assert [o.token_ids for o in out] == off
+    assert seen and all(start == len(prompt) + 1 - 16 for start, _ in seen)  # from its first decode on
+    assert max(blocks for _, blocks in seen) <= (16 + 40 + 4) // 4  # the whole prompt alone would need 23

@@ -68,10 +68,12 @@ class StepTimes:
         return None
 
 
-def choose_drafts(decodes: int, acceptance: list[float], offered: list[int], times: StepTimes) -> list[int]:
+def choose_drafts(decodes: int, acceptance: list[float], offered: list[int], times: StepTimes,
+                  guess_seconds: float = 0.0) -> list[int]:
     """How many of each request's offered guesses to verify: rows are added one at a time, each to the request
     whose next guess is likeliest kept (acceptance ** position), while the step's expected tokens per second
-    rise. decodes: the step's decoding requests (each computes one row anyway)."""
+    rise. decodes: the step's decoding requests (each computes one row anyway). guess_seconds: what making the
+    guesses of one more position costs (a draft model's batched forward; free for a lookup), counted too."""
     taken = [0] * len(offered)
     tokens, rows = float(decodes), decodes
     base = times.at(rows)
@@ -86,7 +88,10 @@ def choose_drafts(decodes: int, acceptance: list[float], offered: list[int], tim
         if best < 0:
             return taken
         t = times.at(rows + 1)
-        if t is None or (tokens + gain) / t <= rate:
+        if t is None:
+            return taken
+        t += guess_seconds * max(*taken, taken[best] + 1)  # positions guessed: one batched guess each
+        if (tokens + gain) / t <= rate:
             return taken
         taken[best] += 1
         tokens, rows, rate = tokens + gain, rows + 1, (tokens + gain) / t

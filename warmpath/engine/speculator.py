@@ -44,7 +44,7 @@ class Speculator:
             return
         ks = []
         for r in decoding:
-            spec = r.speculation = r.speculation or Speculation()
+            spec = r.speculation = r.speculation or Speculation(acceptance=self._prior())
             room = min(r.max_tokens - len(r.output_token_ids) - 1, self.max_model_len - r.num_tokens)
             k = min(self.max_tokens, room)
             ks.append(k if k > 0 and spec.wants() and not r.heal_left else 0)  # healing: one constrained token
@@ -55,6 +55,9 @@ class Speculator:
             else:
                 r.draft_token_ids = self.proposer.propose(r.all_token_ids, spec, k)
         if isinstance(self.proposer, DraftProposer):  # one batched draft forward per guessed position
+            if self.proposer.guess_seconds is not None:  # guess only as far as it pays, the guessing counted
+                ks = choose_drafts(len(decoding), [r.speculation.acceptance for r in decoding], ks, self.decode_times,
+                                   self.proposer.guess_seconds)
             for r, guesses in zip(decoding, self.proposer.propose(decoding, ks, running), strict=True):
                 r.draft_token_ids = guesses
         offered = [len(r.draft_token_ids) for r in decoding]
@@ -63,6 +66,13 @@ class Speculator:
                                   self.decode_times)
             for r, n in zip(decoding, taken, strict=True):
                 r.draft_token_ids = r.draft_token_ids[:n]
+
+    def _prior(self) -> float:
+        """A new request's expected acceptance: 1 for a lookup (a guess costs nothing, so try); for a draft model
+        (a guess costs a forward, and its first one a catch-up prefill) what its guesses have earned so far."""
+        if isinstance(self.proposer, DraftProposer) and self.proposed:
+            return self.accepted / self.proposed
+        return 1.0
 
     def verify(self, req: Request, rows: torch.Tensor, drafts: list[int]) -> list[int]:
         """Sample position by position with the request's own generator (one draw per token kept, as without
