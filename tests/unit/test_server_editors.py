@@ -119,3 +119,33 @@ def test_mistral_deadline_and_errors(server):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "prompt"]
     r = httpx.post(f"{url}/v1/fim/completions", content=b"[]")
     assert r.status_code == 400 and r.json()["object"] == "error"
+
+
+# -- Zed's edit prediction -------------------------------------------------------------------------------------------
+# The stop list Zed versions shipped until mid-2026 send with every request (its FIM markers of every family).
+ZED_STOPS = ["<|endoftext|>", "<|file_separator|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_middle|>",
+             "<|fim_suffix|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<PRE>", "<SUF>", "<MID>", "[PREFIX]",
+             "[SUFFIX]"]
+
+
+def test_zeds_edit_prediction_bodies_are_answered_and_one_stop_bound_holds_for_every_protocol(server):
+    """Zed's bodies as it sends them (open_ai_compatible_api: POST /v1/completions, no temperature, not streamed;
+    ollama: /api/generate raw) with its 14 stop strings answer 200 with text; more than the one bound (32) is a
+    400/422 in each protocol's shape, /v1/completions, /api/generate, /infill and Mistral's FIM alike."""
+    url, _ = server
+    name = model_name(url)
+    prompt = f"<|fim_prefix|>{CODE}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": prompt, "max_tokens": 16,
+                                                  "stop": ZED_STOPS}, timeout=60)
+    assert r.status_code == 200 and isinstance(r.json()["choices"][0]["text"], str), r.text
+    r = httpx.post(f"{url}/api/generate", json={"model": name, "prompt": prompt, "raw": True, "stream": False,
+                                                "options": {"num_predict": 16, "temperature": 0.2, "stop": ZED_STOPS}},
+                   timeout=60)
+    assert r.status_code == 200 and isinstance(r.json()["response"], str) and r.json()["created_at"], r.text
+    too_many = [f"stop{i}" for i in range(33)]
+    for path, body in (("/v1/completions", {"prompt": "x", "stop": too_many}),
+                       ("/api/generate", {"model": name, "prompt": "x", "options": {"stop": too_many}}),
+                       ("/infill", {"input_prefix": "x", "input_suffix": "", "stop": too_many}),
+                       ("/v1/fim/completions", {"model": name, "prompt": "x", "stop": too_many})):
+        r = httpx.post(f"{url}{path}", json=body, timeout=60)
+        assert r.status_code in (400, 422) and "at most 32" in r.text, (path, r.status_code, r.text)

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmpath.api.fill import Extra, Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import encodable
+from warmpath.api.protocol import encodable, stop_strings
 
 NAME, PATHS = "infill", ("/infill",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"  # FRAMING: how the router splits a stream into whole events
@@ -48,7 +48,7 @@ class InfillBody(BaseModel):
     t_max_prompt_ms: float = -1
     t_max_predict_ms: float = -1
     n_indent: int = Field(default=0, ge=0)
-    stop: list[str] = Field(default_factory=list, max_length=8)
+    stop: list[str] = Field(default_factory=list)
     top_k: int = Field(default=40, ge=0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     temperature: float = Field(default=0.8, ge=0.0, le=2.0)
@@ -64,10 +64,7 @@ class InfillBody(BaseModel):
     @field_validator("input_prefix", "input_suffix", "prompt", "stop")
     @classmethod
     def text(cls, v):
-        encodable(v)
-        if isinstance(v, list) and any(not s or len(s) > 256 for s in v):
-            raise ValueError("stop: non-empty strings of at most 256 characters")
-        return v
+        return stop_strings(v) if isinstance(v, list) else encodable(v)
 
     @field_validator("samplers")
     @classmethod

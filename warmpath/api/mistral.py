@@ -15,7 +15,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmpath.api.fill import Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import encodable
+from warmpath.api.protocol import encodable, stop_strings
 
 NAME, PATHS = "mistral", ("/v1/fim/completions",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"
@@ -58,9 +58,10 @@ def parse(raw: bytes) -> Fill:
     except ValidationError as e:
         message, field = validation_message(e)
         raise error(422, message, field) from None
-    stops = [b.stop] if isinstance(b.stop, str) else (b.stop or [])
-    if len(stops) > 8 or any(not s or len(s) > 256 for s in stops):
-        raise error(422, "stop: at most 8 non-empty strings of at most 256 characters", "stop")
+    try:
+        stops = stop_strings(b.stop)
+    except ValueError as e:
+        raise error(422, str(e), "stop") from None
     return Fill(prefix=b.prompt, suffix=b.suffix, max_tokens=b.max_tokens,
                 temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p, seed=b.random_seed,
                 stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key)

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmpath.api.fill import Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import encodable
+from warmpath.api.protocol import encodable, stop_strings
 
 NAME, PATHS = "ollama", ("/api/generate",)
 STREAM_MEDIA, FRAMING = "application/x-ndjson", "ndjson"
@@ -34,15 +34,12 @@ class Options(BaseModel):
     top_k: int = Field(default=40, ge=0)
     top_p: float = Field(default=0.9, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-    stop: list[str] = Field(default_factory=list, max_length=8)
+    stop: list[str] = Field(default_factory=list)
 
     @field_validator("stop")
     @classmethod
     def stops(cls, v):
-        encodable(v)
-        if any(not s or len(s) > 256 for s in v):
-            raise ValueError("non-empty strings of at most 256 characters")
-        return v
+        return stop_strings(v)
 
 
 class GenerateBody(BaseModel):

@@ -25,6 +25,19 @@ UNSUPPORTED = {
 }
 
 
+# One bound on stop strings for every protocol: Zed's edit prediction sends 14 (its FIM markers of every family).
+MAX_STOPS, MAX_STOP_CHARS = 32, 256
+
+
+def stop_strings(v) -> list[str]:
+    """A request's stop strings (one string, a list, or none), checked the same way for every protocol."""
+    stops = [v] if isinstance(v, str) else (v or [])
+    encodable(stops)
+    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise ValueError(f"stop: at most {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters")
+    return stops
+
+
 def encodable(v):
     """Text the tokenizer can take: every string (also in lists and content parts) encodes as UTF-8. JSON can
     carry lone UTF-16 surrogates (`"\\ud800"`), which no tokenizer can encode."""
@@ -98,11 +111,7 @@ class SamplingFields(BaseModel):
     @field_validator("stop")
     @classmethod
     def stop_list(cls, v):
-        encodable(v if isinstance(v, list) else [v])
-        stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 8 or any(not s or len(s) > 256 for s in stops):
-            raise ValueError("stop: at most 8 non-empty strings of at most 256 characters")
-        return stops
+        return stop_strings(v)
 
 
 class ExtraFile(BaseModel):
