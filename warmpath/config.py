@@ -143,6 +143,9 @@ class ServerConfig(ConnectionLimits):
     # FIM prompts of prefix-first families: "anchored" puts the prefix's last lines after the middle marker, so
     # typing leaves the prompt before it cached (api/fim.py anchor()); "cursor": the prefix up to the cursor.
     fim_layout: str = "anchored"
+    # Where a fill-in-the-middle answer ends (server/scope.py): "auto" (the rest of the line when the cursor is
+    # mid-line, else the cursor's block), "line", "block" or "none"; a request's `scope` overrides it.
+    completion_scope: str = "auto"
 
 
 @dataclass

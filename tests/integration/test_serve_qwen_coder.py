@@ -70,3 +70,46 @@ def test_a_keystroke_computes_what_it_typed_the_suffix_stays_cached(served):
     assert computed <= 16 + 4  # the last partial block and the typed text; the cursor layout: the suffix too
     assert usage["prompt_tokens"] > computed + 80
     assert has_middle("return fi" + typed["choices"][0]["text"])
+
+
+# Zed's edit prediction, from its source: the FIM prompt written out, 14 stop strings, no temperature, 256 tokens.
+ZED_STOPS = ["<|endoftext|>", "<|file_separator|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_middle|>",
+             "<|fim_suffix|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<PRE>", "<SUF>", "<MID>", "[PREFIX]",
+             "[SUFFIX]"]
+
+
+def test_zed_gets_the_middle_under_the_tagged_name_and_it_ends_where_the_code_ends(served):
+    """Zed's bodies (open_ai_compatible_api and ollama, the model named with its Ollama tag, as Zed needs to tell
+    the format) answer the middle alone: the completion scope stops the decode before the suffix's code, far
+    short of max_tokens, and /metrics counts the rule that cut."""
+    assert [m["id"] for m in httpx.get(f"{served}/v1/models").json()["data"]] == ["qwen2.5-coder-0.5b",
+                                                                                  "qwen2.5-coder:0.5b"]
+    assert [m["name"] for m in httpx.get(f"{served}/api/tags").json()["models"]] == ["qwen2.5-coder-0.5b",
+                                                                                    "qwen2.5-coder:0.5b"]
+    before = httpx.get(f"{served}/metrics").text
+    prompt = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    for stops in (ZED_STOPS, ZED_STOPS[:4]):
+        r = httpx.post(f"{served}/v1/completions", json={"model": "qwen2.5-coder:0.5b", "prompt": prompt,
+                                                         "max_tokens": 256, "stop": stops}, timeout=120)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        text = answer["choices"][0]["text"]
+        assert has_middle(text) and "print" not in text and answer["choices"][0]["finish_reason"] == "stop", text
+        assert answer["usage"]["completion_tokens"] < 64
+    r = httpx.post(f"{served}/api/generate", json={"model": "qwen2.5-coder:0.5b", "prompt": prompt, "raw": True,
+                                                   "stream": False, "options": {"num_predict": 256,
+                                                                                "temperature": 0.2, "stop": ZED_STOPS}},
+                   timeout=120)
+    assert r.status_code == 200 and has_middle(r.json()["response"]) and "print" not in r.json()["response"], r.text
+    # The issue's case: after the middle this model writes print(fib(1)), print(fib(2)), ... until max_tokens; the
+    # scope ends it before the first line that leaves the function.
+    issue = "<|fim_prefix|>def fib(n):\n    if n < 2: return n<|fim_suffix|>\n\nprint(fib(10))<|fim_middle|>"
+    r = httpx.post(f"{served}/v1/completions", json={"model": "qwen2.5-coder:0.5b", "prompt": issue,
+                                                     "max_tokens": 256, "stop": ZED_STOPS}, timeout=120)
+    text = r.json()["choices"][0]["text"]
+    assert r.status_code == 200 and has_middle(text) and "print" not in text and text.rstrip() == text, text
+
+    def cuts(metrics: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("warmpath_completion_scope_cuts_total{"))
+    assert cuts(httpx.get(f"{served}/metrics").text) >= cuts(before) + 1

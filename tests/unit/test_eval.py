@@ -11,7 +11,7 @@ from server_harness import running_server
 
 from warmpath.config import EngineConfig
 from warmpath.eval.execute import passes
-from warmpath.eval.humaneval import fetch_problems, single_line_tasks, spread
+from warmpath.eval.humaneval import fetch_problems, multi_line_tasks, single_line_tasks, spread
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +35,27 @@ def test_the_reference_line_passes_and_a_wrong_one_fails(tasks):
     assert not passes(sample[0].program(""))  # nothing where a line is missing
 
 
+def test_the_multi_line_variant_hides_two_to_five_lines():
+    tasks = multi_line_tasks(fetch_problems())
+    spans = {t.middle.count("\n") + 1 for t in tasks}
+    assert spans == {2, 3, 4, 5} and all(t.suffix.startswith("\n") or not t.suffix for t in tasks)
+    first = tasks[0]
+    assert passes(first.program(first.middle)) and not passes(first.program(""))
+
+
+def test_the_infill_client_sends_the_scope_field():
+    from warmpath.client.completion import _as_infill
+
+    assert _as_infill({"prompt": "a", "suffix": "b", "max_tokens": 4, "scope": "none"})["scope"] == "none"
+
+
 def test_a_hanging_program_is_stopped():
     assert not passes("while True:\n    pass\n", timeout_s=1.0)
 
 
 @pytest.mark.parametrize("protocol", [["--protocol", "openai"], ["--protocol", "infill"],
-                                      ["--protocol", "fim-prompt", "--fim-family", "qwen2.5-coder"]])
+                                      ["--protocol", "fim-prompt", "--fim-family", "qwen2.5-coder"],
+                                      ["--protocol", "infill", "--insert", "whole", "--scope", "none"]])
 def test_eval_scores_a_served_model_over_http(tmp_path, tiny_long_dir, protocol):
     """The command end to end against a real server (the tiny random model: its pass@1 is ~0, the point is the
     path: every task asked over /v1/completions with its suffix, /infill, or as the FIM prompt written out;
@@ -54,6 +69,7 @@ def test_eval_scores_a_served_model_over_http(tmp_path, tiny_long_dir, protocol)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["tasks"] == 4 and report["errors"] == 0 and 0.0 <= report["pass_at_1"] <= 1.0
+    assert report["mean_tokens"] > 0 and all(r["tokens"] > 0 for r in report["results"])
     assert [r["task_id"] for r in report["results"]] == [t.task_id for t in spread(single_line_tasks(
         fetch_problems()), 4)]
     assert "pass@1" in done.stdout

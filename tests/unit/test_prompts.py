@@ -1,4 +1,4 @@
-"""FIM templates detected from a tokenizer's special tokens; the prefix-only suffix cut; chat templates."""
+"""FIM templates detected from a tokenizer's special tokens; chat templates."""
 
 import pytest
 from tiny_model import CHAT_TEMPLATE, tiny_tokenizer
@@ -7,7 +7,6 @@ from tokenizers import AddedToken
 from warmpath.api.fim import repo_context
 from warmpath.models.tokenizer import Tokenizer
 from warmpath.server.prompts import (
-    SuffixCutter,
     detect_fim,
     fim_stop_ids,
     render_chat,
@@ -60,18 +59,6 @@ def test_no_fim_tokens_means_prefix_only():
     assert detect_fim(tokenizer_with()) is None
 
 
-def test_suffix_cutter_stops_where_the_suffix_repeats():
-    cut = SuffixCutter("\n    return total\n\nprint(f())\n")
-    streamed = "".join(cut.feed(d) for d in ["    total = ", "0\n    for x in xs:\n", "        total += x\n",
-                                             "    return to", "tal\n", "print(1)\n"])
-    assert streamed + cut.feed("", final=True) == "    total = 0\n    for x in xs:\n        total += x\n"
-    assert cut.cut
-    keep = SuffixCutter("")  # no suffix line: nothing is held or cut
-    assert keep.feed("a\nb") == "a\nb"
-    tail = SuffixCutter("x = 1\n")
-    assert tail.feed("y = 2\nx = 1") == "y = 2\n" and tail.feed("", final=True) == "" and tail.cut
-
-
 def test_chat_template_renders_with_generation_prompt():
     text = render_chat(tokenizer_with(), [{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -122,11 +109,3 @@ def test_deepseek_context_inside_the_hole_file_and_stop_ids():
     qwen = tokenizer_with(*QWEN_FIM)
     assert {qwen.id_to_token(i) for i in fim_stop_ids(qwen, detect_fim(qwen))} == {
         "<|endoftext|>", "<|im_start|>", "<|im_end|>", *QWEN_FIM}
-
-
-def test_suffix_cutter_holds_back_only_what_could_become_the_suffix_line():
-    cut = SuffixCutter("    return total\n")
-    assert cut.feed("    total") == "    total"  # cannot become "return total": shown at once, not at the newline
-    assert cut.feed(" = 0\n    re") == " = 0\n"  # "    re" may still be the suffix's line: held
-    assert cut.feed("sult = 1") == "    result = 1" and not cut.cut  # it was not: released
-    assert cut.feed("\n    return total  ") == "\n" and cut.feed("\n") == "" and cut.cut

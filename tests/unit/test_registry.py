@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from warmpath import LLM
-from warmpath.models.registry import ModelNotFoundError, resolve_model
+from warmpath.models.registry import BUNDLED, ModelNotFoundError, bundled, resolve_model
 
 
 def test_missing_bundled_model_names_the_fetch_command(tmp_path, monkeypatch):
@@ -21,6 +21,17 @@ def test_truncated_bundled_model_is_not_used(tmp_path, monkeypatch):
     (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF" + b"\0" * 100)
     with pytest.raises(ModelNotFoundError, match="fetch-model"):
         resolve_model("smollm2")
+
+
+def test_a_bundled_model_is_named_by_its_ollama_tag_too(tmp_path, monkeypatch):
+    """Zed and Ollama clients tell a model's FIM format by the name before the colon: `qwen2.5-coder:0.5b` names
+    the bundled 0.5B wherever its registry name does (the fetch, the model spec, the file's path)."""
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
+    assert bundled("qwen2.5-coder:0.5b") is bundled("qwen2.5-coder-0.5b") is BUNDLED["qwen2.5-coder-0.5b"]
+    assert bundled("/somewhere/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf").tag == "qwen2.5-coder:1.5b"
+    assert bundled("qwen2.5-coder:7b") is None and bundled("smollm2:135m").name == "smollm2"
+    with pytest.raises(ModelNotFoundError, match="warmpath fetch-model qwen2.5-coder-0.5b"):
+        resolve_model("qwen2.5-coder:0.5b")  # not fetched here: the message names the command
 
 
 def test_paths_resolve(tiny_llama_dir, tmp_path):

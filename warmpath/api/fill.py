@@ -53,6 +53,7 @@ class Fill:
     prompt_ms: float | None = None  # no first token within this: silence (llama.cpp's t_max_prompt_ms)
     predict_ms: float | None = None  # past this since the first token, end at a newline (t_max_predict_ms)
     n_indent: int = 0  # end before a new line indented less than this (llama.cpp's n_indent)
+    scope: str | None = None  # where the answer ends (server/scope.py SCOPES); None: the server's default
     options: dict = field(default_factory=dict)  # the protocol's own answer options (llama.cpp's response_fields)
     # What Jobs.make reads from an OpenAI body too.
     cache_salt: str | None = None

@@ -48,6 +48,30 @@ class FimTemplate:
         text = self.layout.replace("{context}", context).replace("{prefix}", prefix).replace("{suffix}", suffix)
         return text + head
 
+    def split(self, prompt: str) -> tuple[str, str] | None:
+        """(the text before the cursor, the text after it) of a prompt written in this family's layout with its
+        markers (Zed's edit prediction writes the prompt itself): the prefix with, for a prefix-first family, the
+        middle's start after the marker; and the suffix. Repository context stays in the prefix. None when the
+        prompt does not hold the layout's markers in order."""
+        layout = self.layout.replace("{context}", "")
+        parts: dict[str, str] = {}
+        at = 0
+        for name in sorted(("prefix", "suffix"), key=lambda n: layout.index("{" + n + "}")):
+            i = layout.index("{" + name + "}")
+            before = layout[:i].split("}")[-1]
+            after = layout[i + len(name) + 2:].split("{")[0]
+            start = prompt.find(before, at)
+            if start < 0:
+                return None
+            start += len(before)
+            end = prompt.find(after, start) if after else len(prompt)
+            if end < 0:
+                return None
+            parts[name], at = prompt[start:end], end
+        head = prompt[at + len(self.tokens[-1]):] if self.prefix_first and prompt.startswith(self.tokens[-1], at) \
+            else ""
+        return parts["prefix"] + head, parts["suffix"]
+
 
 def anchor(prefix: str, window: int = ANCHOR_WINDOW) -> int:
     """Where the anchored layout cuts the prefix: just after one of its last `window` complete lines, the one of

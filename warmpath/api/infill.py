@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmpath.api.fill import Extra, Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import encodable, stop_strings
+from warmpath.api.protocol import Scope, encodable, stop_strings
 
 NAME, PATHS = "infill", ("/infill",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"  # FRAMING: how the router splits a stream into whole events
@@ -60,6 +60,7 @@ class InfillBody(BaseModel):
     cache_prompt: bool = True
     n_cmpl: int = Field(default=1, ge=1, le=16)
     model: str | None = None
+    scope: Scope | None = None  # warmpath's: where the answer ends (server/scope.py)
 
     @field_validator("input_prefix", "input_suffix", "prompt", "stop")
     @classmethod
@@ -100,7 +101,7 @@ def parse(raw: bytes) -> Fill:
                 seed=None if b.seed < 0 else b.seed, stop=b.stop, stream=b.stream, model=b.model,
                 prompt_ms=b.t_max_prompt_ms if b.t_max_prompt_ms > 0 else None,
                 predict_ms=b.t_max_predict_ms if b.t_max_predict_ms > 0 else None, n_indent=b.n_indent,
-                options={"response_fields": b.response_fields or [], "id_slot": b.id_slot})
+                scope=b.scope, options={"response_fields": b.response_fields or [], "id_slot": b.id_slot})
 
 
 def _result(fill: Fill, out: Outcome, model: str | None, content: str) -> dict:

@@ -15,7 +15,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmpath.api.fill import Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import encodable, stop_strings
+from warmpath.api.protocol import Scope, encodable, stop_strings
 
 NAME, PATHS = "mistral", ("/v1/fim/completions",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"
@@ -34,6 +34,7 @@ class FimBody(BaseModel):
     random_seed: int | None = Field(default=None, ge=0, lt=2**63)
     stream: bool = False
     prompt_cache_key: str | None = Field(default=None, max_length=256)
+    scope: Scope | None = None  # warmpath's: where the answer ends (server/scope.py)
 
     @field_validator("prompt", "suffix", "stop")
     @classmethod
@@ -64,7 +65,7 @@ def parse(raw: bytes) -> Fill:
         raise error(422, str(e), "stop") from None
     return Fill(prefix=b.prompt, suffix=b.suffix, max_tokens=b.max_tokens,
                 temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p, seed=b.random_seed,
-                stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key)
+                stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key, scope=b.scope)
 
 
 def _usage(out: Outcome) -> dict:

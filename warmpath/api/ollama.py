@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmpath.api.fill import Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import encodable, stop_strings
+from warmpath.api.protocol import Scope, encodable, stop_strings
 
 NAME, PATHS = "ollama", ("/api/generate",)
 STREAM_MEDIA, FRAMING = "application/x-ndjson", "ndjson"
@@ -51,6 +51,7 @@ class GenerateBody(BaseModel):
     raw: bool = False
     stream: bool = True
     options: Options = Field(default_factory=Options)
+    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends (server/scope.py)
 
     @field_validator("prompt", "suffix", "system")
     @classmethod
@@ -79,7 +80,7 @@ def parse(raw: bytes) -> Fill:
     return Fill(prefix=b.prompt, suffix=b.suffix, chat=not b.raw and b.suffix is None, system=b.system,
                 max_tokens=max_tokens, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                 seed=None if o.seed is None or o.seed < 0 else o.seed, stop=o.stop, stream=b.stream,
-                model=served_name(b.model), options={"load_only": not b.prompt and b.suffix is None})
+                model=served_name(b.model), scope=b.scope, options={"load_only": not b.prompt and b.suffix is None})
 
 
 def served_name(name: str) -> str:

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_LOGPROBS = 20  # the engine's bound (engine/request.py), which this layer does not import
+Scope = Literal["auto", "statement", "line", "block", "none"]  # where a FIM answer ends (server/scope.py SCOPES)
 
 # Parameter -> its neutral values: what clients send when they do not mean to use it.
 UNSUPPORTED = {
@@ -61,7 +62,9 @@ class SamplingFields(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    # Absent: OpenAI's 1.0, but greedy (0) for a fill-in-the-middle completion (a `suffix`, or a prompt in the
+    # model's FIM layout): the answer an editor inserts as it is (Zed sends none) should be the model's best.
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
     stop: str | list[str] | None = None
@@ -98,8 +101,8 @@ class SamplingFields(BaseModel):
 
     @field_validator("temperature", "top_p")
     @classmethod
-    def finite(cls, v: float) -> float:
-        if not math.isfinite(v):
+    def finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
 
@@ -135,6 +138,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False  # the prompt's text before the completion's
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token
+    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends; None: the server's default
 
     @property
     def num_logprobs(self) -> int | None:

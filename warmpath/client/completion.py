@@ -86,6 +86,8 @@ def _as_infill(body: dict) -> dict:
            "temperature": body.get("temperature", 0), "stream": True, "cache_prompt": True, "samplers": ["top_k"]}
     if body.get("stop"):
         out["stop"] = body["stop"]
+    if body.get("scope"):
+        out["scope"] = body["scope"]  # warmpath's field, as on /v1/completions
     return out
 
 

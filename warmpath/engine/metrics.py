@@ -78,6 +78,10 @@ class Metrics:
                                registry=r)
         for reason in ("client", "deadline", "overloaded"):
             self.aborted.labels(reason)
+        self.scope_cuts = Counter("warmpath_completion_scope_cuts", "Fill-in-the-middle answers ended by the "
+                                  "completion scope, by rule (server/scope.py)", ["rule"], registry=r)
+        for rule in ("line", "suffix", "dedent", "statement", "repeat"):
+            self.scope_cuts.labels(rule)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -69,6 +69,25 @@ def single_line_tasks(problems: list[dict]) -> list[Task]:
     return tasks
 
 
+def multi_line_tasks(problems: list[dict]) -> list[Task]:
+    """The multi-line variant: from each non-empty line of each canonical solution, 2-5 consecutive lines hidden
+    (the count cycles with the line's index, so every length is asked), kept where the span holds at least two
+    non-empty lines."""
+    tasks = []
+    for p in problems:
+        lines = p["canonical_solution"].splitlines(keepends=True)
+        test = p["test"] + f"\n\ncheck({p['entry_point']})\n"
+        for i, line in enumerate(lines):
+            span = lines[i:i + 2 + i % 4]
+            if not line.strip() or sum(bool(x.strip()) for x in span) < 2:
+                continue
+            hidden = "".join(span)
+            middle = hidden.rstrip("\r\n")
+            tasks.append(Task(f"{p['task_id']}/lines{i}-{i + len(span) - 1}", p["prompt"] + "".join(lines[:i]),
+                              hidden[len(middle):] + "".join(lines[i + len(span):]), middle, test))
+    return tasks
+
+
 def mid_line(task: Task) -> Task:
     """The same task with the cursor halfway through the hidden line's code (after its indentation), as an editor
     asks while the developer is typing: often mid-word. The first half joins the prefix; the rest is the middle."""

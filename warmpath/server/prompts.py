@@ -63,51 +63,6 @@ def fim_stop_ids(tokenizer: Tokenizer, template: FimTemplate) -> list[int]:
     return sorted({i for i in ids if i is not None})
 
 
-class SuffixCutter:
-    """For models without FIM tokens: cut the completion where it starts repeating the suffix's first
-    non-empty line (the model ran on past the cursor into code that already exists). Works on text deltas,
-    holding back only what could still become that line, as stop strings are held back: a line is released
-    as soon as it can no longer equal it, so FIM text still streams token by token."""
-
-    def __init__(self, suffix: str):
-        self.target = next((line.strip() for line in suffix.splitlines() if line.strip()), "")
-        self.line = ""  # the current line so far
-        self.pending = ""  # its held-back part (all of it, while it could still become the target)
-        self.free = False  # the current line can no longer become the target
-        self.cut = False
-
-    def feed(self, delta: str, final: bool = False) -> str:
-        if self.cut:
-            return ""
-        if not self.target:
-            return delta
-        out = []
-        for ch in delta:
-            if ch == "\n":
-                if not self.free and self.line.strip() == self.target:
-                    self.cut, self.pending = True, ""
-                    return "".join(out)
-                out.append(self.pending + "\n")
-                self.line, self.pending, self.free = "", "", False
-                continue
-            self.line += ch
-            if self.free:
-                out.append(ch)
-                continue
-            self.pending += ch
-            s = self.line.lstrip()
-            if not (self.target.startswith(s) or s.rstrip() == self.target):
-                out.append(self.pending)
-                self.pending, self.free = "", True
-        if final:
-            if not self.free and self.line.strip() == self.target:
-                self.cut = True
-            else:
-                out.append(self.pending)
-            self.pending = ""
-        return "".join(out)
-
-
 _jinja = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
 

@@ -1,0 +1,268 @@
+"""Completion scope: where a fill-in-the-middle answer ends, decided on its text as it streams.
+
+Instruct code models seldom emit an end token in a hole: after the missing code they run on, writing the code
+after the cursor again, repeating lines, leaving the block. An editor that inserts the answer as it is (Zed,
+llama.vim, a raw OpenAI client) inserts all of that, and every token past the end of the code is decode time
+taken from the next keystroke. So the server ends the answer where the code ends; each rule cuts before the
+first line it matches, and the request is aborted there (the tokens not generated are the saving):
+
+- line: the cursor is mid-line (code before and after it on its line): the answer is the rest of that line,
+  without the code after the cursor written again at its end.
+- suffix: a line equal, indentation and all, to the suffix's first non-blank line or to one of its next
+  SUFFIX_LINES lines (of REPEAT_MIN_CHARS or more): the model reached code that is already there.
+- dedent: a line less indented than the cursor's block (the block of the cursor's line; at the end of a line that
+  opens a block, the block it opens, whose closing bracket line is kept; on a blank line, the block of the first
+  line written).
+- statement (scope "statement" only): inside existing code, the answer is one statement, as Copilot-style
+  completion goes. When the code below the cursor's line is as
+  indented as the answer's first line (the hole sits between statements), a new line as indented (or less) ends
+  it; the lines indented under it, and its closing bracket, are kept. When the code below is more indented, it is
+  the body of the answer's first line, which is then the whole answer. At the end of a block (the code below less
+  indented) the answer may write more statements.
+- repeat: lines that repeat, indentation and all, the lines just before them (a line or a block of up to
+  REPEAT_LINES; one shorter than REPEAT_MIN_CHARS, like `}` or `x += 1`, is cut at its third copy, not its second).
+
+Scopes: "auto" (line when the cursor is mid-line, else block), "statement" (line when mid-line, else block and
+statement), "line", "block" (suffix, dedent, repeat), "none". On HumanEval infilling "statement" scores higher
+where one line is missing and lower where several are (README, "Where an answer ends").
+When a line is cut, the answer ends with the line before it, without its newline when the suffix starts with one
+(the cursor at a line's end), so the suffix follows as in the file; with its newline when the cursor is at the
+start of code (inserting lines above it). Text is held back only while a rule could still cut it, so an answer
+still streams token by token. Pure text: a Scope sees the prefix (up to the cursor), the suffix and the answer's
+text deltas, nothing else.
+"""
+
+from __future__ import annotations
+
+SCOPES = ("auto", "statement", "line", "block", "none")
+RULES = ("line", "suffix", "dedent", "statement", "repeat")
+REPEAT_LINES = 8  # the longest block whose repetition ends an answer
+SUFFIX_LINES = 5  # the suffix's lines an answer must not write again
+REPEAT_MIN_CHARS = 12  # a block shorter than this can be real code twice, never three times
+OPENERS = (":", "{", "(", "[")  # a line ending in one opens a block
+CLOSERS = ("}", ")", "]")  # a line starting with one at the opener's indent closes it
+# A line ending in one goes on below (a block, a continued expression): its statement is not complete.
+CONTINUES = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", "%", "&", "|", ".")
+
+
+def resolve(scope: str, prefix: str, suffix: str) -> str:
+    """The scope a request gets: "auto" and "statement" are "line" when code is on both sides of the cursor, else
+    "block" and "statement"."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    if scope not in ("auto", "statement"):
+        return scope
+    mid_line = prefix[prefix.rfind("\n") + 1:].strip() and suffix.split("\n", 1)[0].strip()
+    return "line" if mid_line else "block" if scope == "auto" else "statement"
+
+
+def _indent(line: str) -> int:
+    """Leading spaces and tabs, one column each (as llama.cpp's n_indent counts)."""
+    return len(line) - len(line.lstrip(" \t"))
+
+
+class Scope:
+    """A cutter (server/limits.py's interface): feed(delta, final) -> the text released; `cut` once a rule ended
+    the answer, `rule` naming it."""
+
+    def __init__(self, prefix: str, suffix: str, scope: str = "auto"):
+        resolved = resolve(scope, prefix, suffix)
+        self.mode = "block" if resolved == "statement" else resolved  # "statement" is "block" and one more rule
+        self.cursor_line = prefix[prefix.rfind("\n") + 1:]  # the cursor's line up to the cursor
+        after, _, below = suffix.partition("\n")
+        self.after = after.strip()  # the code after the cursor on its line
+        lines = [self.cursor_line + after, *below.split("\n")]
+        self.target = next((line.rstrip() for line in lines if line.strip()), "")  # the suffix's first line
+        blank = not self.cursor_line.strip()
+        self.keep_newline = blank and bool(self.after)  # the cursor before code: lines go in above it
+        opener = not blank and self.cursor_line.rstrip().endswith(OPENERS)
+        # Lines less indented than `base` leave the block; None: set by the first non-blank line written.
+        self.base: int | None = None if blank else _indent(self.cursor_line) + (1 if opener else 0)
+        self.closer_indent = _indent(self.cursor_line) if opener else None
+        code_below = [line for line in below.split("\n") if line.strip()]
+        # The statement rule's evidence, the indentation of the code under the cursor's line; None: the rule is off.
+        self.below_indent = _indent(code_below[0]) if code_below and resolved == "statement" else None
+        # The suffix's next lines long enough to be telling: the answer writing one again has reached code that is
+        # already there (the model skipped a line of it, or rewrote the one before).
+        self.below = {line.rstrip() for line in code_below[:SUFFIX_LINES] if len(line.strip()) >= REPEAT_MIN_CHARS}
+        # The statement rule's line: the cursor's (not blank, opening nothing), else the first line written (after
+        # an opener: in the block it opens); None until written. Whether it opens a bracket (its closer is kept).
+        self.statement_indent: int | None = None if blank or opener else _indent(self.cursor_line)
+        self.statement_opens: bool | None = None
+        self.depth = 0  # brackets the statement's lines left open
+        self.text = ""  # the answer so far, cut or not
+        self.sent = 0  # characters of it released
+        self.line_start = 0  # where the current line begins in text
+        self.first = True  # the current line is the cursor's (its start is the prefix's)
+        self.shown = bool(self.cursor_line.strip())  # the current line shows a character after its indentation
+        self.seen: list[str] = []  # the answer's complete non-blank lines (rules apply to them), with indentation
+        self.seen_from: list[int] = []  # each one's hold point: the end of the non-blank line before it
+        self.content_end = 0  # the end of the last non-blank line's text (before its newline); 0: the cursor's
+        self.closing: str | None = None  # the current line closes a block: the answer ends after it (the rule)
+        self.held_lines = 0  # complete lines held back: the start of a possible repetition
+        self.cut = False
+        self.rule: str | None = None
+
+    # -- feeding ----------------------------------------------------------------------------------------------
+    def feed(self, delta: str, final: bool = False) -> str:
+        if self.cut or self.mode == "none":
+            return "" if self.cut else delta
+        for ch in delta:
+            self.text += ch
+            if ch == "\n":
+                self._line_end(len(self.text) - 1)
+                self.shown = False
+            elif not self.shown and ch not in " \t":
+                self.shown = True  # the current line's first character after its indentation
+                if not self.first:
+                    self._first_char()
+                elif self.base is None:  # a blank cursor line: its first line written sets the block
+                    self.base = self.statement_indent = _indent(self.cursor_line + self._line_text())
+            if self.cut:
+                return self._release(self.cut_at)
+        if final:
+            return self._finish()
+        return self._release(self._safe())
+
+    def _line_text(self) -> str:
+        return self.text[self.line_start:]
+
+    def _release(self, end: int) -> str:
+        out = self.text[self.sent:max(self.sent, end)]
+        self.sent = max(self.sent, end)
+        return out
+
+    def _stop(self, rule: str, hold_from: int) -> None:
+        """Cut before the line whose hold point (the end of the non-blank line before it) is `hold_from`."""
+        if self.keep_newline and hold_from:
+            hold_from = self.text.find("\n", hold_from) + 1 or hold_from
+        self.cut, self.rule, self.cut_at = True, rule, hold_from
+
+    # -- the rules --------------------------------------------------------------------------------------------
+    def _first_char(self) -> None:
+        """A new line shows its indentation: the dedent and statement rules decide now (no token of that line is
+        needed)."""
+        if self.mode != "block":
+            return
+        line = self._line_text()
+        width = _indent(line)
+        if self.base is None:  # a blank cursor line and a blank first line: the first line written sets the block
+            self.base = width
+        elif width < self.base:
+            if self.closer_indent is not None and width == self.closer_indent and line.lstrip().startswith(CLOSERS):
+                self.closing = "dedent"  # the opened block's closing line: kept, and the answer ends after it
+                return
+            self._stop("dedent", self.content_end)
+            return
+        if self.statement_indent is None:  # this line starts the answer's statement
+            self.statement_indent = width
+            return
+        if self.below_indent is None or self.below_indent < self.statement_indent or self.depth > 0:
+            return  # the end of a block (the answer may go on), or inside the statement's brackets
+        if width > self.statement_indent and self.below_indent == self.statement_indent:
+            return  # a line inside the statement (when the code below is deeper, it is the statement's own body)
+        if width == self.statement_indent and self.statement_opens and line.lstrip().startswith(CLOSERS):
+            self.closing = "statement"  # the statement's closing bracket
+            return
+        self._stop("statement", self.content_end)
+
+    def _line_end(self, newline: int) -> None:
+        line = self.text[self.line_start:newline]
+        whole = self.cursor_line + line if self.first else line
+        starts_here = not self.first or not self.cursor_line.strip()  # a line of its own, not the cursor's end
+        self.first, self.line_start = False, newline + 1
+        if self.mode == "line":
+            self._stop("line", self._trim_after(newline))
+            return
+        if self.closing:
+            self._stop(self.closing, newline)  # after the closing line
+            return
+        if not whole.strip():
+            return
+        if self.statement_indent is not None:  # a line of the answer's statement
+            if self.statement_opens is None:
+                self.statement_opens = whole.rstrip().endswith(("{", "(", "["))
+            self.depth += sum(map(whole.count, "([{")) - sum(map(whole.count, ")]}"))
+        hold_from, self.content_end = self.content_end, newline
+        if starts_here:
+            rejoined = whole.rstrip() in self.below and self.sent <= hold_from and not (
+                self.seen and self.seen[-1].endswith(OPENERS))  # a line under a header is its body, not the suffix's
+            if (self.target and whole.rstrip() == self.target) or rejoined:
+                self._stop("suffix", hold_from)
+                return
+            self.seen.append(whole.rstrip())
+            self.seen_from.append(hold_from)
+            held = self._repetition()
+            if self.cut:
+                return
+            self.held_lines = held
+        if self._statement_complete(whole):
+            self._stop("statement", newline)
+
+    def _statement_complete(self, line: str) -> bool:
+        """Inside existing code, has the answer's statement ended with this line (no line below can belong to
+        it)? Its brackets are closed and the line does not go on; when the code below is its body, at once."""
+        if self.statement_indent is None or self.below_indent is None or self.below_indent < self.statement_indent:
+            return False
+        if self.depth > 0:
+            return False
+        return self.below_indent > self.statement_indent or not line.rstrip().endswith(CONTINUES)
+
+    def _repetition(self) -> int | None:
+        """Cuts when the last k lines repeat the k before them; otherwise the number of last lines to hold (the
+        longest start of a repetition still possible)."""
+        seen, longest = self.seen, 0
+        for k in range(1, REPEAT_LINES + 1):
+            for m in range(min(k, len(seen) - k), 0, -1):
+                if seen[-m:] == seen[-m - k:-k]:
+                    if m < k:
+                        longest = max(longest, m)
+                    elif sum(len(s.strip()) for s in seen[-k:]) >= REPEAT_MIN_CHARS or seen[-k:] == seen[-3 * k:-2 * k]:
+                        self._stop("repeat", self.seen_from[-k])
+                        return None
+                    break
+        return longest
+
+    def _trim_after(self, end: int) -> int:
+        """Line scope: where the line ends, less the code after the cursor if the model wrote it again."""
+        line = self.text[:end].rstrip()
+        if self.after and line.endswith(self.after):
+            return len(line) - len(self.after)
+        return end
+
+    # -- what can be released ---------------------------------------------------------------------------------
+    def _safe(self) -> int:
+        """How much of the text no rule can cut any more."""
+        if self.mode == "line":
+            return len(self.text.rstrip()) - len(self.after) if self.after else len(self.text)
+        safe = len(self.text)
+        if self.held_lines:
+            safe = self.seen_from[-self.held_lines]
+        line = self._line_text()
+        if self.first and self.cursor_line.strip():
+            return safe  # the cursor line's own end: no rule reads it
+        if not line.strip() or self._may_match(self.cursor_line + line if self.first else line):
+            return min(safe, self.content_end)
+        return safe
+
+    def _may_match(self, partial: str) -> bool:
+        """Could the current line still become the suffix's line or repeat a recent line?"""
+        if self.target and self.target.startswith(partial):
+            return True
+        if any(line.startswith(partial) for line in self.below):
+            return True
+        return any(s.startswith(partial) for s in self.seen[-REPEAT_LINES:])
+
+    def _finish(self) -> str:
+        """The model ended (an end token, a stop string, the token limit): the last line is complete."""
+        if self.mode == "line":
+            end = self._trim_after(len(self.text))
+            self.cut = self.cut or end < len(self.text.rstrip())
+            self.rule = "line" if self.cut else None
+            return self._release(end)
+        line = self._line_text()
+        if line.strip() and not self.closing and (not self.first or not self.cursor_line.strip()):
+            if self.target and (self.cursor_line + line if self.first else line).rstrip() == self.target:
+                self._stop("suffix", self.content_end)
+                return self._release(self.cut_at)
+        return self._release(len(self.text))
