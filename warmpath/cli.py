@@ -1,4 +1,4 @@
-"""warmpath command line: fetch-model, serve, plan, route, bench, simulate, eval, complete."""
+"""warmpath command line: fetch-model, serve, plan, route, bench, simulate, eval, complete, lsp."""
 
 from __future__ import annotations
 
@@ -143,6 +143,12 @@ def cmd_complete(args: argparse.Namespace) -> int:
     return asyncio.run(complete_at(args))
 
 
+def cmd_lsp(args: argparse.Namespace) -> int:
+    from warmpath.client.lsp import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmpath", description="serving stack for AI code completion")
     parser.add_argument("--log-level", default="INFO")
@@ -193,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
 
     add_complete_arguments(p)
     p.set_defaults(func=cmd_complete)
+    p = sub.add_parser("lsp", help="a language server on stdio (inline completion, LSP 3.18) for Neovim 0.12, Helix "
+                                   "and other LSP editors, asking warmpath serve or route")
+    from warmpath.client.lsp import add_arguments as add_lsp_arguments
+
+    add_lsp_arguments(p)
+    p.set_defaults(func=cmd_lsp)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request drowns the client's output
