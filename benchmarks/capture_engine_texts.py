@@ -3,9 +3,9 @@
     python benchmarks/capture_engine_texts.py --vllm http://127.0.0.1:8002 --llamacpp http://127.0.0.1:8003
     python benchmarks/capture_engine_texts.py --llamacpp http://127.0.0.1:8003 --probe   # also the probes
 
-It starts nothing: point it at servers already running (benchmarks/vllm_cpu.py serve, benchmarks/llama_server.py
-serve), best one at a time on a small machine. Into tests/data/engines/ (--out) it writes, byte for byte as the
-server sent them:
+It starts nothing: point it at servers already running (benchmarks/baselines/vllm_cpu.py serve,
+benchmarks/baselines/llama_server.py serve), best one at a time on a small machine. Into tests/data/engines/
+(--out) it writes, byte for byte as the server sent them:
 
     {engine}_metrics_idle.txt   /metrics with nothing in flight
     {engine}_metrics_busy.txt   /metrics while 6 long streaming requests are in flight, the snapshot with the most

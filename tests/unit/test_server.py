@@ -300,3 +300,41 @@ def test_a_failing_step_answers_error_and_the_server_lives_on(server):
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
     ok = httpx.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 5}, timeout=60).json()
     assert ok["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+class _Witness:
+    """Stands in for an engine part and notes which thread reaches it."""
+
+    def __init__(self, inner, seen: set):
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_seen", seen)
+
+    def __getattr__(self, name):
+        self._seen.add(threading.current_thread().name)
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name, value):
+        self._seen.add(threading.current_thread().name)
+        setattr(self._inner, name, value)
+
+
+def test_only_the_step_thread_touches_the_scheduler_and_the_pool(server_config):
+    """The event loop decides "overloaded" and /metrics answers from the snapshot the step thread publishes: no
+    read of the scheduler's queues or the pool while a step changes them."""
+    from server_harness import running_server
+
+    with running_server(server_config) as (url, app):
+        engine, seen = app.state.engine, set()
+        engine.scheduler, engine.pool = _Witness(engine.scheduler, seen), _Witness(engine.pool, seen)
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", f"{url}/v1/completions", json={"prompt": CODE * 4, "max_tokens": 8,
+                                                                      "stream": True}) as resp:
+                assert resp.status_code == 200 and [line for line in resp.iter_lines() if line]
+            late = http.post(f"{url}/v1/completions", json={"prompt": CODE, "max_tokens": 4},
+                             headers={"X-Deadline-Ms": "2000"})
+            assert late.status_code == 200
+            metrics = http.get(f"{url}/metrics").text
+            assert http.get(f"{url}/health").status_code == 200
+        assert "warmpath_kv_cache_blocks" in metrics
+        assert 'warmpath_requests_total{finish_reason="length"} 2.0' in metrics
+        assert seen == {"warmpath-engine"}

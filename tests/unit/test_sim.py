@@ -298,3 +298,41 @@ def test_the_simulator_keeps_a_late_prompt_warming_as_the_engine_does():
     b.abort("stale", 0.6)  # a newer keystroke before the deadline: stale, nothing left behind
     warm = [r.session_id for r in (*b.scheduler.warming, *b.scheduler.running) if r.warmup]
     assert warm == ["alice"]
+
+
+def test_the_simulated_kv_tier_brings_an_evicted_session_back_by_reading_at_the_disks_rate(editor):
+    """The engine's scheduler restores from a tier exactly as it does over the disk tier (engine/kv_tier.py):
+    with the tier the editor trace's sessions come back after their idle gaps, the reading costs step time at the
+    profile's read rate, and a tier too small to hold a session gives back nothing."""
+    profile = get_profile("h100-llama3-8b")
+
+    def with_tier(gib):
+        return simulate(editor, profile, chunk_tokenizer, "bfloat16", 160, 512, tier_bytes=int(gib * 2**30))
+
+    (none, _), (big, driver), (tiny, _) = with_tier(0), with_tier(8), with_tier(0.001)
+    assert none["evictions"] > 0 and none["tier_hit_rate"] == 0
+    assert big["tier_hit_rate"] > 0.05 and big["prefix_hit_rate"] > none["prefix_hit_rate"] + 0.05
+    assert tiny["tier_hit_rate"] == 0
+    tier = driver.backends[0].tier
+    assert tier.restored_blocks * 16 == pytest.approx(big["tier_hit_rate"] * sum(
+        b.scheduler.stats.prefix_cache_queried_tokens for b in driver.backends))
+    b = SimBackend(COST, 64, tier=type(tier)(1 << 30, 1000, 1e6))  # 1 ms a block
+    b.add("a", list(range(800)), 1, "alice", None, 0.0)
+    while b.busy():
+        b.step(0.0)
+    b.pool.reset_prefix_cache()
+    b.add("b", list(range(800)) + [1, 2, 3], 1, "alice", None, 1.0)
+    first = b.step(1.0)
+    assert first.cached["b"] == 800 and b.scheduler.stats.prefix_cache_tier_hit_tokens == 800
+    assert first.seconds >= 50 * 0.001  # 50 blocks read at 1 ms each, beside the step's compute
+
+
+def test_simulate_answers_how_big_a_kv_tier(tmp_path, capsys):
+    out = tmp_path / "tier.json"
+    assert main(["simulate", "--profile", "cpu-qwen2.5-coder-0.5b", "--sweep", "kv-tier", "--developers", "6",
+                 "--duration", "600", "--rate", "10", "--num-kv-blocks", "300", "--tokenizer", "chars",
+                 "--json", str(out)]) == 0
+    assert "a KV tier of" in capsys.readouterr().out
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["no tier"]["tier_hit_rate"] == 0 and runs["tier 8 GiB"]["tier_hit_rate"] > 0
+    assert runs["tier 8 GiB"]["prefix_hit_rate"] > runs["no tier"]["prefix_hit_rate"]

@@ -174,7 +174,7 @@ def test_the_counters_are_exported_by_method(tiny_gguf):
 
     llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32")
     _run(llm, REPEATING, [GREEDY] * len(REPEATING))
-    text = generate_latest(Metrics(llm.engine).registry).decode()
+    text = generate_latest(Metrics(llm.engine.stats).registry).decode()
     proposed, accepted = _spec_totals(llm)
     assert f'warmpath_spec_draft_tokens_total{{method="ngram"}} {float(proposed)}' in text
     assert f'warmpath_spec_accepted_tokens_total{{method="ngram"}} {float(accepted)}' in text

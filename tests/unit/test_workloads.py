@@ -64,7 +64,7 @@ def test_editor_prefix_and_suffix_are_the_real_file_text_at_the_cursor():
         assert real[: e["cursor"]].endswith(prefix)
         assert min(5000, e["cursor"]) <= len(prefix) <= 1.25 * 5000 + 500
         assert len(prefix) == e["cursor"] or real[e["cursor"] - len(prefix) - 1] == "\n"  # starts at a line
-        assert suffix == real[e["end"]: e["end"] + 1000]
+        assert suffix == "\n" + real[e["end"]: e["end"] + 999]  # the cursor's line ends: new code goes there
         assert e["cursor"] <= e["end"]
         rest = real[e["cursor"]:]
         assert expected in rest and (rest.startswith(expected) or not rest.split("\n")[0].strip())

@@ -23,11 +23,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          tier_cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; cached_tokens counts the prompt tokens not computed, tier_cached_tokens (warmpath's, with a
+    KV tier) those of them read back from disk rather than found in RAM."""
     body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        if tier_cached_tokens is not None:
+            body["prompt_tokens_details"]["tier_cached_tokens"] = tier_cached_tokens
     return body
 
 

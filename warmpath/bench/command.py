@@ -30,17 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocols", help="comma-separated, per target and baseline: openai (/v1/completions, the "
                    "default) or infill (llama.cpp's /infill, as llama.vim sends it)")
     p.add_argument("--api-key", help="Bearer key for every server")
-    p.add_argument("--workload", choices=WORKLOADS, default=B.workload)
+    p.add_argument("--workload", choices=WORKLOADS, default=B.workload,
+                   help="editor: developers typing; agent: coding-agent turns; mixed: both")
     p.add_argument("--developers", type=int, default=B.developers, help="sessions: developers (and agents, for mixed)")
     p.add_argument("--duration", type=float, default=B.duration, help="seconds of (compressed) trace time")
     p.add_argument("--rate", type=float, default=B.rate,
                    help="idle-time compression: 1 = real time (~10 requests in 4 min, then 30 min away); "
                         "30 = the idle gaps 30x shorter (typing speed and debounce stay human)")
     p.add_argument("--agent-share", type=float, default=B.agent_share, help="mixed: share of sessions that are agents")
-    p.add_argument("--seed", type=int, default=B.seed)
+    p.add_argument("--seed", type=int, default=B.seed, help="the trace is the same for the same seed")
     p.add_argument("--trace", help="replay this JSONL trace instead of generating one")
     p.add_argument("--save-trace", help="write the trace (JSONL) here")
-    p.add_argument("--debounce-ms", type=float, default=ClientConfig.debounce_ms)
+    p.add_argument("--debounce-ms", type=float, default=ClientConfig.debounce_ms,
+                   help="keystrokes closer than this send no request")
     p.add_argument("--deadline-ms", type=float, default=ClientConfig.deadline_ms,
                    help="client deadline for the first token of an editor suggestion")
     p.add_argument("--max-tokens", type=int, default=ClientConfig.max_tokens, help="editor suggestion length")
@@ -50,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cooldown", type=float, default=B.cooldown, help="seconds between the runs of two servers")
     p.add_argument("--json", dest="json_path", help="write the full report (and per-request records) here")
     p.add_argument("--plot", help="write the PNG here")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress line while the trace replays")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
 
 

@@ -72,7 +72,9 @@ def summarize(run: RunResult, slo: SLO) -> dict:
     out["server"] = d
     out["wasted_tokens"] = d.get("wasted_tokens")
     if d.get("prefix_queried_tokens"):
-        out["prefix_hit_rate"] = d["prefix_hit_tokens"] / d["prefix_queried_tokens"]
+        # a prompt token not computed is a hit, whether the RAM pool held it or the KV tier gave it back
+        hits = d["prefix_hit_tokens"] + d.get("prefix_tier_hit_tokens", 0.0)
+        out["prefix_hit_rate"] = hits / d["prefix_queried_tokens"]
         out["prefix_hit_rate_source"] = "server /metrics"
     else:
         withusage = [r for r in recs if r.prompt_tokens and r.cached_tokens is not None]

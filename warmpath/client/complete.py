@@ -24,13 +24,13 @@ from warmpath.config import ClientConfig
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("location", help="FILE:LINE:COL, 1-based (COL counts characters)")
-    p.add_argument("--target", default="http://127.0.0.1:8000")
-    p.add_argument("--api-key")
-    p.add_argument("--max-tokens", type=int, default=ClientConfig.max_tokens)
+    p.add_argument("--target", default="http://127.0.0.1:8000", help="warmpath serve or warmpath route")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer")
+    p.add_argument("--max-tokens", type=int, default=ClientConfig.max_tokens, help="the longest suggestion")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="drop the suggestion if the first token is later (default: wait)")
-    p.add_argument("--prefix-chars", type=int, default=5000)
-    p.add_argument("--suffix-chars", type=int, default=1000)
+    p.add_argument("--prefix-chars", type=int, default=5000, help="characters of the file before the cursor sent")
+    p.add_argument("--suffix-chars", type=int, default=1000, help="characters of the file after the cursor sent")
     p.add_argument("--fim", action=argparse.BooleanOptionalAction, default=True, help="send the suffix")
 
 

@@ -189,10 +189,11 @@ def create_server(settings: Settings) -> LanguageServer:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Settings()
     p.add_argument("--url", default=d.url, help="warmpath serve or warmpath route")
-    p.add_argument("--api-key", default=d.api_key)
+    p.add_argument("--api-key", default=d.api_key, help="sent as Authorization: Bearer")
     p.add_argument("--model", default=d.model, help="the model name to send (default: the server's)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--debounce-ms", type=float, default=d.debounce_ms)
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="the longest suggestion")
+    p.add_argument("--debounce-ms", type=float, default=d.debounce_ms,
+                   help="a request waits this long for the next keystroke")
     p.add_argument("--deadline-ms", type=float, default=d.deadline_ms,
                    help="the whole answer: later, the completion is empty (and the server stops)")
     p.add_argument("--context-files", type=int, default=d.context_files,

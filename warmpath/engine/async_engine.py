@@ -1,7 +1,8 @@
 """AsyncEngine: the Engine steps in its own thread; each request gets an asyncio stream of deltas.
 
 Only the step thread touches the Engine. The event loop hands it commands (add, abort) through a thread-safe
-queue that is drained at every step boundary, and gets outputs back with call_soon_threadsafe. torch releases
+queue that is drained at every step boundary, gets outputs back with call_soon_threadsafe, and reads the engine's
+state from the EngineSnapshot the step thread publishes at each boundary. torch releases
 the GIL inside its kernels, so the HTTP loop keeps serving while a step computes. When there is no work the
 thread sleeps on an Event; a new command wakes it.
 """
@@ -14,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from warmpath.engine.engine import Engine
@@ -39,6 +40,25 @@ class _Add:
     loop: asyncio.AbstractEventLoop
 
 
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the event loop and /metrics may read of the engine: published by the step thread at each step
+    boundary (after the commands are taken in, and after each step), so nothing outside it reads live state."""
+
+    stats: dict  # Engine.stats()
+    prompt_left: tuple[int, ...]  # prompt tokens still to compute, per waiting or running request (warm-ups not)
+    latency_chunk: int | None  # Scheduler.latency_chunk
+    quick_until: float  # Scheduler.quick_until(), on `clock`
+    clock: Callable[[], float]
+
+    @classmethod
+    def of(cls, engine: Engine) -> EngineSnapshot:
+        sched = engine.scheduler
+        left = tuple(r.num_tokens - r.num_computed_tokens - 1 for r in (*sched.waiting, *sched.running)
+                     if not r.warmup)
+        return cls(engine.stats(), left, sched.latency_chunk, sched.quick_until(), sched.clock)
+
+
 @dataclass
 class _Abort:
     request_id: str
@@ -58,7 +78,7 @@ def release_thread_pool() -> bool:
     Why: libgomp counts every pool's threads, and once there are more than cores it stops spinning at
     barriers (a few hundred iterations, whatever OMP_WAIT_POLICY / GOMP_SPINCOUNT say) and sleeps on a futex
     instead, at each of a step's parallel regions. Loading the model in the main thread leaves a pool there;
-    with the step thread's own pool a 2-core machine has 4 (README, "Server vs engine", has the cost).
+    with the step thread's own pool a 2-core machine has 4 (docs/benchmarks.md, "Server vs engine", has the cost).
     Returns whether the runtime had omp_pause_resource_all (OpenMP 5.0)."""
     try:
         pause = ctypes.CDLL(None).omp_pause_resource_all
@@ -85,6 +105,7 @@ class AsyncEngine:
         self.step_overhead = 0.0
         # Called in the step thread after every step with the engine (metrics, tests). Must be quick.
         self.step_listeners: list = []
+        self.snapshot = EngineSnapshot.of(engine)  # replaced (never changed) by the step thread
         # From here on the step thread does the computing: the loading thread's pool would only make libgomp
         # stop spinning in the step thread's barriers (release_thread_pool).
         release_thread_pool()
@@ -99,6 +120,7 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.engine.close()
 
     # -- event-loop side -------------------------------------------------------------------------------
     async def generate(
@@ -155,12 +177,10 @@ class AsyncEngine:
         requests and unfinished prefills, and those not yet taken from the command queue), at the measured
         cost per token and per step. With prompt chunks paced (Scheduler.latency_chunk), what is ahead takes at
         most a chunk each per step: if that leaves room in the budget, the new request joins the next step."""
-        sched, budget = self.engine.scheduler, self.engine.config.max_num_batched_tokens
-        remaining = [r.num_tokens - r.num_computed_tokens - 1 for r in list(sched.waiting) + list(sched.running)
-                     if not r.warmup]  # warm-ups yield to everyone
-        remaining += list(self._queued.values())
-        cap = sched.latency_chunk
-        step = sum(min(n, cap) for n in remaining) if cap is not None and sched.quick_sessions() else budget
+        snap, budget = self.snapshot, self.engine.config.max_num_batched_tokens
+        remaining = [*snap.prompt_left, *self._queued.values()]  # warm-ups yield to everyone: not counted
+        cap, quick = snap.latency_chunk, snap.clock() < snap.quick_until
+        step = sum(min(n, cap) for n in remaining) if cap is not None and quick else budget
         if step < budget:  # the step that is running, then ours
             return step * self.seconds_per_token + (self.step_overhead if step else 0.0)
         ahead = sum(remaining)
@@ -191,6 +211,7 @@ class AsyncEngine:
         try:
             while not self._stop:
                 self._drain_commands()
+                self.snapshot = EngineSnapshot.of(self.engine)
                 if not self.engine.has_unfinished_requests():
                     self._wake.wait()
                     self._wake.clear()
@@ -199,6 +220,7 @@ class AsyncEngine:
                 t = time.perf_counter()
                 outputs = self.engine.step()
                 self._learn_cost(self.engine.stats()["num_computed_tokens"] - before, time.perf_counter() - t)
+                self.snapshot = EngineSnapshot.of(self.engine)
                 for listener in self.step_listeners:
                     listener(self.engine)
                 for out in outputs:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,8 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}  # block hash -> block id
         self.block_meta: list[CachedBlock | None] = [None] * num_blocks
         self.num_evictions = 0
+        # Called with (block, hash, token ids) as a block enters the prefix cache: the engine keeps it in its KV tier
+        self.on_cached: Callable[[int, bytes, tuple[int, ...]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -151,6 +154,8 @@ class BlockPool:
                 continue  # already cached, or the same content lives in another block: keep that one
             self.cached[h] = b
             self.block_meta[b] = CachedBlock(h, tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            if self.on_cached is not None:
+                self.on_cached(b, h, self.block_meta[b].token_ids)
 
     def reset_prefix_cache(self) -> None:
         for b, meta in enumerate(self.block_meta):

@@ -8,16 +8,17 @@ import functools
 import logging
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from warmpath.config import EngineConfig
+from warmpath.engine.backends import make_plan, native_forward, wants_plan
 from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.dtypes import resolve_dtype, resolve_kv_dtype
 from warmpath.engine.healing import Healer
-from warmpath.engine.plan import Plan, choose, native_options, single
-from warmpath.engine.plan_timing import load_or_measure
+from warmpath.engine.kv_offload import KVOffload, tier_key
+from warmpath.engine.kv_tier import DiskTier
+from warmpath.engine.plan import Plan, native_options
 from warmpath.engine.request import (
     FinishReason,
     PromptTooLongError,
@@ -28,10 +29,11 @@ from warmpath.engine.request import (
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
-from warmpath.engine.scheduler import Scheduler, SchedulerOutput
+from warmpath.engine.scheduler import Scheduler
 from warmpath.engine.speculator import Speculator
+from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.kernels.build import start_building
-from warmpath.kernels.native import ACTIVATIONS, KV_TYPES, NativeForward, NativeKernelError, available
+from warmpath.kernels.native import NativeForward
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
@@ -39,14 +41,6 @@ from warmpath.models.loader import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-def wants_plan(config: EngineConfig) -> bool:
-    """A plan chooses the backends unless the config names them (a dtype, a kernel or its activations)."""
-    if config.plan != "auto":
-        return True
-    named = (config.dtype, config.kernel, config.kernel_activations) != ("auto", "auto", "auto")
-    return not named and config.device == "cpu"
 
 
 def _half_copies(model: LlamaForCausalLM) -> list[torch.Tensor]:
@@ -72,12 +66,13 @@ class Engine:
             start_building()  # the kernel compiles (first start) while the checkpoint loads
         self.dtype = torch.float32 if planned else resolve_dtype(config.dtype, config.device)
         ckpt = load_checkpoint(config.model, self.dtype)
+        self.source = ckpt.source
         self.model_config = ckpt.config
         self.tokenizer: Tokenizer = ckpt.tokenizer
         self.tensor_types = ckpt.tensor_types  # the file's quant mix (empty for an HF directory)
         self.plan: Plan | None = None
         if planned:
-            self.plan = self._make_plan(config, ckpt, threads)
+            self.plan = make_plan(config, ckpt, threads)
             self.dtype = torch.bfloat16 if self.plan.torch == "torch-bf16" else torch.float32
         model = None
         if self.plan is None or self.plan.torch is not None:
@@ -98,7 +93,7 @@ class Engine:
                 native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
                                        **native_options(self.plan.native), source=ckpt.source)
         else:
-            native = self._native_forward(config, ckpt)
+            native = native_forward(config, ckpt, self.dtype, self.kv_dtype)
         del ckpt  # the kernel keeps its own copies of what it reads
         release_freed_memory()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
         self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
@@ -106,12 +101,21 @@ class Engine:
         blocks = self._kv_blocks(config)
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
+        self.kv_tokens = blocks * config.block_size  # the pool's size, fixed: validate() reads it from any thread
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
         if native is not None:
             native.attach_kv_cache(kv)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan, config.thread_tuning)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
+        self.tier: KVOffload | None = None
+        if config.kv_offload_dir:
+            backends = self.plan.backends if self.plan else [f"{self.dtype} {config.kernel} "
+                                                             f"{config.kernel_activations} {config.gemv_dtype}"]
+            key = tier_key(self.source, backends, self.plan.key if self.plan else "", self.kv_dtype, config.block_size,
+                           self.model_config)
+            self.tier = KVOffload(DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes)), kv)
+            self.pool.on_cached, self.scheduler.tier = self.tier.save, self.tier
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
                  str(self.kv_dtype).removeprefix("torch."), blocks * config.block_size / 4096)
@@ -120,22 +124,6 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
-
-    def _make_plan(self, config: EngineConfig, ckpt, threads: int) -> Plan:
-        """The named plan, the plan file, or (auto) the plan measured on this machine for this model."""
-        if config.plan != "auto":
-            path = Path(config.plan).expanduser()
-            plan = Plan.load(path) if path.is_file() else single(config.plan)
-            how = f"from {path}" if path.is_file() else "named"
-            if path.is_file() and plan.timings:
-                plan = choose(plan.timings, config.allow_nondeterministic, plan.key)
-        else:
-            plan, how = load_or_measure(ckpt, threads, available(), config.allow_nondeterministic)
-        if not plan.deterministic and not config.allow_nondeterministic and config.plan == "auto":
-            log.warning("no deterministic backend here (no native kernel): greedy outputs may depend on batching")
-        log.info("plan: %s (%s), %s", " + ".join(plan.backends),
-                 "deterministic" if plan.deterministic else "nondeterministic", how)
-        return plan
 
     def _kv_blocks(self, config: EngineConfig) -> int:
         """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and the largest
@@ -146,34 +134,10 @@ class Engine:
         working = working_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
         return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working, per_block)
 
-    def _native_forward(self, config: EngineConfig, ckpt) -> NativeForward | None:
-        """The native kernel when the config and the model allow it (runner.route() sends it its sequences)."""
-        if config.kernel not in ("auto", "native", "torch"):
-            raise ValueError(f"kernel must be auto, native or torch; got {config.kernel!r}")
-        if config.kernel_activations not in ("auto", *ACTIVATIONS):
-            raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
-        if config.kernel == "torch":
-            return None
-        # auto: the kernel beside a float32 model only (the kernel itself runs beside any model dtype)
-        if config.kernel == "auto" and not (config.device == "cpu" and self.dtype == torch.float32):
-            return None
-        if config.device != "cpu" or self.kv_dtype not in KV_TYPES:
-            raise ValueError(f"kernel=native needs the CPU and a float32, bfloat16 or float16 KV cache; got "
-                             f"{self.kv_dtype} on {config.device}")
-        activations = config.kernel_activations
-        if activations == "auto":
-            activations = "int8" if config.dtype == "auto" else "fp32"
-        try:
-            native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
-                                   activations=activations, source=ckpt.source)
-        except NativeKernelError as e:
-            if config.kernel == "native":
-                raise
-            log.warning("native kernel unavailable, computing with torch: %s", e)
-            return None
-        log.info("native kernel over %.0f MB of weights, %s activations", native.weight_bytes / 1e6,
-                 activations)
-        return native
+    def close(self) -> None:
+        """Finish what is being written to the KV tier (a restart then finds every block)."""
+        if self.tier is not None:
+            self.tier.close()
 
     @property
     def model(self) -> LlamaForCausalLM:
@@ -215,7 +179,8 @@ class Engine:
         self.scheduler.add(req)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError / PromptTooLongError for a request that can never run. Changes nothing."""
+        """Raise ValueError / PromptTooLongError for a request that can never run. Changes nothing and reads no
+        state a step changes: the event loop calls it."""
         if not prompt_token_ids:
             raise ValueError("empty prompt")
         vocab = self.model_config.vocab_size
@@ -228,10 +193,8 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt of {n} tokens leaves no room to generate within max_model_len {self.max_model_len}"
             )
-        if -(-(n + 1) // self.pool.block_size) > self.pool.num_blocks:
-            raise PromptTooLongError(
-                f"prompt of {n} tokens does not fit the KV pool ({self.pool.num_blocks * self.pool.block_size} tokens)"
-            )
+        if -(-(n + 1) // self.config.block_size) * self.config.block_size > self.kv_tokens:
+            raise PromptTooLongError(f"prompt of {n} tokens does not fit the KV pool ({self.kv_tokens} tokens)")
 
     def abort(self, request_id: str) -> bool:
         """Finish a request in any state; its blocks return to the pool now. False if unknown/finished."""
@@ -368,13 +331,19 @@ class Engine:
             num_cached_tokens=max(req.num_cached_tokens, 0),
             metrics=req.metrics,
             error=req.error,
+            num_tier_tokens=req.num_tier_tokens,
         )
 
     def stats(self) -> dict:
-        s, pool = self.scheduler.stats, self.pool
+        s, pool, disk = self.scheduler.stats, self.pool, self.tier.tier if self.tier else None
         return {
             "prefix_cache_queried_tokens": s.prefix_cache_queried_tokens,
             "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+            "prefix_cache_tier_hit_tokens": s.prefix_cache_tier_hit_tokens,
+            "kv_tier_blocks": disk.num_blocks if disk else 0,
+            "kv_tier_bytes": disk.num_bytes if disk else 0,
+            "kv_tier_rejected": disk.stats.blocks_rejected if disk else 0,
+            "kv_tier_write_errors": disk.stats.write_errors if disk else 0,
             "num_preemptions": s.num_preemptions,
             "num_aborted": s.num_aborted,
             "num_deadline_expired": s.num_deadline_expired,

@@ -1,16 +1,17 @@
 """Prometheus metrics for the engine and the server, prefix `warmpath_`.
 
-Engine counters and gauges are read from Engine.stats() at scrape time (one source of truth); latency
+Engine counters and gauges are read at scrape time from the stats the step thread last published
+(AsyncEngine.snapshot: Engine.stats(), one source of truth); latency
 histograms and per-reason abort counts are observed by the server as requests finish.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from warmpath.engine.engine import Engine
 
 disable_created_metrics()  # no *_created series: they double the scrape for nothing we use
 
@@ -18,15 +19,22 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 1
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, stats: Callable[[], dict]):
+        self.stats = stats
 
     def collect(self):
-        s = self.engine.stats()
+        s = self.stats()
         for name, key, doc in (
             ("prefix_cache_queried_tokens", "prefix_cache_queried_tokens",
              "Prompt tokens looked up in the prefix cache"),
-            ("prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
+            ("prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache "
+             "in RAM"),
+            ("prefix_cache_tier_hit_tokens", "prefix_cache_tier_hit_tokens", "Prompt tokens read back from the KV "
+             "tier on disk instead of computed"),
+            ("kv_tier_rejected_blocks", "kv_tier_rejected", "KV tier files found corrupt, truncated or foreign: "
+             "deleted, their tokens recomputed"),
+            ("kv_tier_write_errors", "kv_tier_write_errors", "KV tier blocks that could not be written (a full "
+             "disk): kept in RAM only"),
             ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
             ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),
             ("computed_tokens", "num_computed_tokens", "Tokens run through the model"),
@@ -48,6 +56,8 @@ class _EngineCollector(Collector):
             ("kv_cache_cached_blocks", s["cached_blocks"], "Blocks holding a reusable prefix"),
             ("kv_cache_blocks", s["num_blocks"], "KV blocks in the pool"),
             ("kv_cache_bytes", s["kv_cache_bytes"], "Bytes of the KV cache"),
+            ("kv_tier_blocks", s["kv_tier_blocks"], "KV blocks kept in the disk tier"),
+            ("kv_tier_bytes", s["kv_tier_bytes"], "Bytes of the disk tier's files"),
             ("weight_bytes", s["weight_bytes"], "Bytes of resident weights (every form a backend of the plan reads)"),
             ("kv_cache_warm_sessions_4k", s["num_blocks"] * s["block_size"] / 4096,
              "4k-token sessions the KV pool holds at once"),
@@ -58,9 +68,10 @@ class _EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, engine: Engine):
+    def __init__(self, stats: Callable[[], dict]):
+        """stats: Engine.stats() as the step thread last published it (or the engine's own, with no step thread)."""
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine))
+        self.registry.register(_EngineCollector(stats))
         r = self.registry
         self.ttft = Histogram("warmpath_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
                               registry=r)

@@ -2,7 +2,7 @@
 machine (plan_timing.py), saved under $WARMPATH_HOME/plans/, loaded after; runner.route() reads it.
 
 Step times are kept per backend and shape class in milliseconds, in the layout of
-`../shared/data/plan_timings_spr.json`: {"decode": {"RxCTX": ms}, "chunk": {"K@CTX": ms}} per backend, a decode
+`tests/data/plan_timings_spr.json`: {"decode": {"RxCTX": ms}, "chunk": {"K@CTX": ms}} per backend, a decode
 class being one step of R sequences at CTX tokens of context, a chunk class K new tokens over CTX cached ones.
 Pure Python (no torch): the planner's choice is tested with recorded timings of other CPUs.
 """

@@ -68,6 +68,13 @@ def machine_key(ckpt: Checkpoint, threads: int) -> str:
     h.update(_cpu_identity().encode())
     h.update(f"{torch.__version__} threads={threads} {platform.machine()}".encode())
     h.update(file_identity(Path(ckpt.source)).encode())
+    h.update(code_identity().encode())
+    return h.hexdigest()[:20]
+
+
+def code_identity() -> str:
+    """A digest of the code whose numbers a step's outputs (and its K/V) are: the runner, the model, the kernel."""
+    h = hashlib.sha256()
     for path in sorted(CODE) + sorted((Path(__file__).parents[1] / "kernels" / "cpu").glob("*.[ch]")):
         h.update(path.read_bytes())
     return h.hexdigest()[:20]

@@ -114,6 +114,7 @@ class Request:
     num_computed_tokens: int = 0
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
+    num_tier_tokens: int = 0  # of those, read back from the KV tier
     num_preemptions: int = 0
     num_sent_tokens: int = 0  # outputs already reported by Engine.step()
     finish_reason: FinishReason | None = None
@@ -158,3 +159,4 @@ class RequestOutput:
     num_cached_tokens: int
     metrics: RequestMetrics
     error: str | None = None
+    num_tier_tokens: int = 0  # of num_cached_tokens, read back from the KV tier

@@ -40,7 +40,7 @@ class StepRoute:
 # request's new tokens) and prompt chunks whose whole context is at most NATIVE_CONTEXT tokens (there its
 # products keep up with torch's GEMMs and share one pass with the step's decodes); torch's attention wins over
 # longer contexts. With int8 activations every sequence runs natively: the products' speed-up outweighs the
-# attention, and a prompt's numerics then never depend on how it was chunked (README, "CPU fast path").
+# attention, and a prompt's numerics then never depend on how it was chunked (docs/benchmarks.md, "The CPU fast path").
 MAX_CHUNK = 32
 NATIVE_CONTEXT = 512
 

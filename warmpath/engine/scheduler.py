@@ -10,51 +10,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from warmpath.config import SchedulerConfig
 from warmpath.engine.block_pool import BlockPool
+from warmpath.engine.kv_tier import KVTier
 from warmpath.engine.request import FinishReason, Request, RequestMetrics, RequestStatus, SamplingParams
+from warmpath.engine.step_plan import ScheduledChunk, SchedulerOutput, SchedulerStats
 
 log = logging.getLogger(__name__)
 ACTIVE_S = 5.0  # a session that sent a request this recently is still typing (bursts: a request every ~1-2 s)
 QUICK_CHUNKS = 4  # a request needing more paced chunks than this misses an editor's deadline anyway: not "quick"
-
-
-@dataclass
-class ScheduledChunk:
-    request: Request
-    num_tokens: int  # tokens computed this step, from request.num_computed_tokens on (drafts included)
-    sample: bool  # after this chunk every token is computed: sample the next one
-    num_drafts: int = 0  # a decode with this many guessed tokens after it (request.draft_token_ids), verified
-
-    @property
-    def token_ids(self) -> list[int]:
-        start = self.request.num_computed_tokens
-        if self.num_drafts:
-            return [self.request.all_token_ids[start], *self.request.draft_token_ids[: self.num_drafts]]
-        return self.request.all_token_ids[start : start + self.num_tokens]
-
-
-@dataclass
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    finished: list[Request] = field(default_factory=list)  # finished before running (deadline, error)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-
-@dataclass
-class SchedulerStats:
-    prefix_cache_queried_tokens: int = 0
-    prefix_cache_hit_tokens: int = 0
-    num_preemptions: int = 0
-    num_aborted: int = 0
-    num_deadline_expired: int = 0
-    num_computed_tokens: int = 0  # tokens run through the model (prompt chunks, recomputes, decodes)
 
 
 class Scheduler:
@@ -70,6 +35,7 @@ class Scheduler:
         self.seconds_per_token: float | None = None  # of prompt-heavy steps, measured (observe)
         self.latency_chunk: int | None = None  # a prompt chunk's most tokens while others are in (None: budget)
         self.quick_seen: dict[str | None, float] = {}  # session -> when a quick request of it came
+        self.tier: KVTier | None = None  # blocks evicted from the pool, or from before a restart
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         """A step's measured time. From steps of 32+ tokens: what a token costs on this machine and model, and so
@@ -95,7 +61,6 @@ class Scheduler:
         hashes = self.pool.hashes(token_ids, None, cache_salt)
         chunk, now = self.latency_chunk, self.clock()
         cached = len(self.pool.find_cached_prefix(token_ids, hashes)) * self.block_size
-        # copied, not changed in place: quick_sessions() reads it from the event loop
         self.quick_seen = {s: t for s, t in self.quick_seen.items() if now - t < ACTIVE_S and s != session_id}
         if chunk is not None and len(token_ids) - cached <= QUICK_CHUNKS * chunk:
             self.quick_seen[session_id] = now
@@ -105,12 +70,17 @@ class Scheduler:
         """The sessions a long prompt chunk would hold up: those decoding now, and those whose last request (in the
         last ACTIVE_S) came needing a few chunks at most beyond the prefix cache (note_arrival()): still typing,
         each keystroke answered in a short step if it does not wait behind a long one. Chunks are kept short only
-        for their sake: cold sessions alone gain nothing from it (every step costs its fixed part too). Read from
-        the event loop too
-        (AsyncEngine.estimate_wait): copies, never an iteration over live state."""
+        for their sake: cold sessions alone gain nothing from it (every step costs its fixed part too)."""
         now = self.clock()
-        return {s for s, t in list(self.quick_seen.items()) if now - t < ACTIVE_S} | \
-            {r.session_id for r in list(self.running) if r.output_token_ids and not r.warmup}
+        return {s for s, t in self.quick_seen.items() if now - t < ACTIVE_S} | \
+            {r.session_id for r in self.running if r.output_token_ids and not r.warmup}
+
+    def quick_until(self) -> float:
+        """Until when (on self.clock) quick_sessions() stays non-empty if nothing else happens: for a reader that
+        holds a snapshot of this moment (AsyncEngine.estimate_wait)."""
+        if any(r.output_token_ids and not r.warmup for r in self.running):
+            return float("inf")
+        return max((t + ACTIVE_S for t in self.quick_seen.values()), default=float("-inf"))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.warming)
@@ -302,20 +272,37 @@ class Scheduler:
         # At least the last token is always computed: its logits give the next token.
         usable = req.block_hashes[: (req.num_tokens - 1) // self.block_size]
         hit = self.pool.find_cached_prefix(tokens, usable)
-        num_cached = len(hit) * self.block_size
+        kept = 0  # the blocks after the hit that the tier holds: read back, not computed
+        while self.tier is not None and len(hit) + kept < len(usable) and self.tier.has(usable[len(hit) + kept]):
+            kept += 1
+        num_cached = (len(hit) + kept) * self.block_size
         n = min(req.num_tokens - num_cached, budget)
         need = self._blocks_for(num_cached + n) - len(hit)
         if need > self.pool.num_free - self.pool.num_evictable_among(hit):
             return False
         self.pool.touch(hit)
-        req.block_ids = hit + self.pool.allocate(need)
+        fresh = self.pool.allocate(need)
+        restored = 0
+        if kept:
+            bs, first = self.block_size, len(hit)
+            restored = self.tier.restore(fresh[:kept], usable[first:first + kept],
+                                         [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(first, first + kept)])
+            if restored < kept:  # from the first block it could not read on, computed
+                num_cached = (len(hit) + restored) * bs
+                n = min(req.num_tokens - num_cached, budget)
+                keep = self._blocks_for(num_cached + n) - len(hit)
+                self.pool.free(fresh[keep:])
+                fresh = fresh[:keep]
+        req.block_ids = hit + fresh
         req.num_computed_tokens = num_cached
-        req.num_registered_blocks = len(hit)
+        req.num_registered_blocks = len(hit)  # restored blocks are entered in the pool's cache after this step
         if req.num_cached_tokens < 0:  # first admission: what the prefix cache saved this prompt
             req.num_cached_tokens = num_cached
+            req.num_tier_tokens = restored * self.block_size
             if not req.warmup:
                 self.stats.prefix_cache_queried_tokens += req.num_tokens
-                self.stats.prefix_cache_hit_tokens += num_cached
+                self.stats.prefix_cache_hit_tokens += len(hit) * self.block_size
+                self.stats.prefix_cache_tier_hit_tokens += restored * self.block_size
         (self.waiting if queue is None else queue).popleft()
         self.running.append(req)
         req.status = RequestStatus.RUNNING

@@ -52,7 +52,7 @@ class TaskResult:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="http://127.0.0.1:8000")
+    p.add_argument("--target", default="http://127.0.0.1:8000", help="the server to score")
     p.add_argument("--protocol", choices=(*PROTOCOLS, FIM_PROMPT), default="openai",
                    help="openai: /v1/completions with suffix; infill: llama.cpp's /infill (its own prompt: the "
                         "repo-level form); fim-prompt: the family's FIM prompt written out, on /v1/completions "
@@ -71,10 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="line: one hidden line (the benchmark as published); lines: 2-5 consecutive lines hidden")
     p.add_argument("--scope", choices=get_args(Scope),
                    help="warmpath's per-request completion scope (default: the server's)")
-    p.add_argument("--api-key")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer")
     p.add_argument("--model", help="the model name to send (default: the first the server lists)")
     p.add_argument("--limit", type=int, help="this many tasks, evenly spread over all 1,033 (default: all)")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="the longest answer per task")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds a completed program may run its tests")
     p.add_argument("--label", default="", help="what was served (goes into --out)")
     p.add_argument("--out", help="JSON file: the summary and every task's completion and result")

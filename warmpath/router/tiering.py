@@ -1,6 +1,6 @@
 """Model tiering: which tier (small fast model or large model) a request goes to.
 
-The rule (documented in the README): a request is a *line* completion, sent to the first (smallest) tier,
+The rule (documented in docs/router.md): a request is a *line* completion, sent to the first (smallest) tier,
 when
 - it carries `X-Completion-Kind: line`, or
 - it is a `/v1/completions` request with `max_tokens` <= `line_max_tokens` and either no suffix or a suffix

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -24,11 +23,9 @@ from warmpath.api.fim import ContextFile, repo_context
 from warmpath.api.protocol import ApiError
 from warmpath.api.responses import SSE_HEADERS
 from warmpath.engine.async_engine import EngineDeadError
+from warmpath.server.frontend import Frontend
 from warmpath.server.jobs import Job
 from warmpath.server.limits import Chain, IndentCutter
-
-if TYPE_CHECKING:
-    from warmpath.server.app import Frontend
 
 
 class Editors:

@@ -43,6 +43,7 @@ class Job:
     text: str = ""
     num_generated: int = 0
     num_cached: int = 0
+    num_tier: int | None = None  # of num_cached, read back from the KV tier (None: the server has no tier)
     finish_reason: str | None = None
     recorded: bool = False  # in the metrics already (record() runs once per job)
     first_token: float | None = None
@@ -60,7 +61,7 @@ class Job:
     truncated: bool = False  # repository context or prefix was left out to fit the context
 
     def usage(self) -> dict:
-        return usage(len(self.prompt_ids), self.num_generated, self.num_cached)
+        return usage(len(self.prompt_ids), self.num_generated, self.num_cached, self.num_tier)
 
     def take_logprobs(self, num_chars: Callable[[int], int]) -> list[tuple[int, TokenLogprob]]:
         """The logprobs of tokens not yet reported whose text has been shown (for the next chunk): a token whose
@@ -129,7 +130,8 @@ class Jobs:
         except (ValueError, PromptTooLongError) as e:
             raise ApiError(400, str(e), param="prompt") from None
         return Job(new_id(kind[:4]), kind, prompt_ids, params, body.stop or [], session_key(headers, body.user),
-                   received, parse_deadline(headers, received), cache_salt)
+                   received, parse_deadline(headers, received), cache_salt,
+                   num_tier=None if self.engine.tier is None else 0)
 
     def refuse_if_overloaded(self, job: Job) -> bool:
         """Can the job not even start before its deadline, given the work queued ahead of it? Then it is
@@ -211,6 +213,8 @@ class Jobs:
     def _take(job: Job, out: RequestOutput, detok: IncrementalDetokenizer) -> str:
         """One engine output into the job's counts; the new text it makes visible."""
         job.num_cached = out.num_cached_tokens
+        if job.num_tier is not None:
+            job.num_tier = out.num_tier_tokens
         if out.new_token_ids and job.first_token is None:
             job.first_token = time.monotonic()
         job.num_generated = len(out.token_ids)

@@ -5,12 +5,14 @@ with non-negative coefficients. `warmpath simulate --calibrate` runs it and save
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import tempfile
 import time
 
 import numpy as np
 
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, warmpath_home
 from warmpath.engine.engine import Engine
 from warmpath.engine.runner import SeqInput
 from warmpath.sim.cost import FEATURES, CostModel, StepShape
@@ -123,6 +125,23 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
     return backend.steps
 
 
+def disk_read_rate(size: int = 256 << 20) -> float:
+    """Bytes per second this machine reads back a file it wrote under $WARMPATH_HOME (where the KV tier lives),
+    with the file's pages dropped from the page cache first: what a tier read costs after a long idle gap."""
+    root = warmpath_home() / "sim"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=root) as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        t = time.perf_counter()
+        with open(f.name, "rb", buffering=0) as g:
+            while g.read(4 << 20):
+                pass
+        return size / (time.perf_counter() - t)
+
+
 def calibrate(model: str = "smollm2", dtype: str = "auto", repeats: int = 2,
               traffic_s: float = 90.0) -> tuple[CostModel, dict]:
     """Synthetic shapes (coverage: long prefills, big decode batches) plus the steps of a short real editor
@@ -140,7 +159,8 @@ def calibrate(model: str = "smollm2", dtype: str = "auto", repeats: int = 2,
             "samples": [[s.tokens, s.prefill_attention, s.seqs, s.kv_read, s.chunks, t] for s, t in samples],
             "synthetic_samples": len(synthetic), "traffic_samples": len(traffic),
             "median_relative_error": statistics.median(errors), "max_relative_error": max(errors),
-            "traffic_median_signed_error": statistics.median(traffic_errors) if traffic_errors else None}
+            "traffic_median_signed_error": statistics.median(traffic_errors) if traffic_errors else None,
+            "disk_read_bytes_per_s": disk_read_rate()}
     log.info("calibrated %s: %s (median error %.1f%%, max %.1f%%)", model, cost,
              100 * meta["median_relative_error"], 100 * meta["max_relative_error"])
     return cost, meta

@@ -12,16 +12,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from warmpath.config import ClientConfig, SimConfig
+from warmpath.models.footprint import parse_bytes
 from warmpath.router.policies import POLICIES, Router
 from warmpath.sim.cost import save_calibration
 from warmpath.sim.driver import Driver, SimBackend
 from warmpath.sim.fleet_command import add_fleet_arguments, run_fleet
 from warmpath.sim.profiles import PROFILES, Profile, get_profile
 from warmpath.sim.report import summarize, table
+from warmpath.sim.tier import SimTier
 from warmpath.workloads import AgentParams, Trace, make_trace
 
 S = SimConfig
-SWEEPS = ("pool", "budget", "dtype", "nodes", "replicas", "developers")
+SWEEPS = ("pool", "budget", "dtype", "nodes", "replicas", "developers", "kv-tier")
+KV_TIER_GIB = (0, 0.25, 0.5, 1, 2, 4, 8)  # --sweep kv-tier: the disk tier's sizes
 DEVELOPERS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -47,30 +50,37 @@ def tokenizer_for(profile: Profile, choice: str):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default=S.profile, choices=list(PROFILES))
-    p.add_argument("--workload", default=S.workload, choices=["editor", "agent", "mixed"])
-    p.add_argument("--sessions", "--developers", dest="sessions", type=int, default=S.sessions)
+    p.add_argument("--profile", default=S.profile, choices=list(PROFILES),
+                   help="the hardware and model whose measured costs drive the simulation")
+    p.add_argument("--workload", default=S.workload, choices=["editor", "agent", "mixed"],
+                   help="editor: developers typing; agent: coding-agent turns; mixed: both")
+    p.add_argument("--sessions", "--developers", dest="sessions", type=int, default=S.sessions,
+                   help="developers (and agents, for mixed)")
     p.add_argument("--duration", type=float, default=S.duration, help="simulated seconds of traffic")
     p.add_argument("--rate", type=float, default=S.rate, help="compress idle time N x (1 = real time)")
-    p.add_argument("--seed", type=int, default=S.seed)
+    p.add_argument("--seed", type=int, default=S.seed, help="the trace is the same for the same seed")
     p.add_argument("--trace", help="replay a trace saved by `warmpath bench --save-trace` instead")
     p.add_argument("--weights-dtype", help="default: the profile's")
     p.add_argument("--num-kv-blocks", type=int, help="default: what the profile's memory leaves beside the weights")
     p.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget (default: the profile's)")
-    p.add_argument("--nodes", type=int, default=S.nodes)
-    p.add_argument("--policy", default=S.policy, choices=list(POLICIES))
+    p.add_argument("--kv-tier-bytes", default="0", help="a KV tier on disk of this size per node (e.g. 4GiB; 0: "
+                   "none), read back at the profile's disk rate")
+    p.add_argument("--nodes", type=int, default=S.nodes, help="engine nodes behind the router")
+    p.add_argument("--policy", default=S.policy, choices=list(POLICIES), help="the router's policy for fleets")
     p.add_argument("--deadline-ms", type=float, default=ClientConfig.deadline_ms,
                    help="editor client first-token deadline")
-    p.add_argument("--tokenizer", default=S.tokenizer, choices=["auto", "model", "chars"])
+    p.add_argument("--tokenizer", default=S.tokenizer, choices=["auto", "model", "chars"],
+                   help="how prompts become tokens: the profile's model's tokenizer, or ~4 characters a token")
     p.add_argument("--sweep", choices=SWEEPS, help="pool size | token budget | weights dtype | nodes x policy "
                    "(--fleet: the fewest nodes for --target-goodput) | replicas (--fleet: agreement) | developers "
-                   "(how many one node holds at --capacity-goodput with TTFT p50 inside the deadline)")
+                   "(how many one node holds at --capacity-goodput with TTFT p50 inside the deadline) | kv-tier "
+                   "(the disk tier's size: the smallest that keeps the best goodput)")
     p.add_argument("--capacity-goodput", type=float, default=S.capacity_goodput,
                    help="--sweep developers: the editor goodput a node must keep (default: 95%% of the best count's: "
                    "a burst's cold first prompt caps goodput below 1 on a CPU whatever the load)")
     p.add_argument("--calibrate", action="store_true", help="fit the --profile's step-time model to the real "
                    "engine on this machine and save it (then simulate with it)")
-    p.add_argument("--json", dest="json_path")
+    p.add_argument("--json", dest="json_path", help="write the summary (and samples) to this file")
     p.add_argument("--plot", help="PNG (sweeps: the sweep's curves; else pool use and resident sessions over time)")
     add_fleet_arguments(p)
 
@@ -85,9 +95,13 @@ def build_trace(args, profile: Profile) -> Trace:
 
 
 def simulate(trace: Trace, profile: Profile, tokenize, dtype: str, num_blocks: int, budget: int,
-             nodes: int = S.nodes, policy: str = S.policy, client: ClientConfig | None = None) -> tuple[dict, Driver]:
+             nodes: int = S.nodes, policy: str = S.policy, client: ClientConfig | None = None,
+             tier_bytes: int = 0) -> tuple[dict, Driver]:
     cost = profile.cost[dtype]
-    backends = [SimBackend(cost, num_blocks, profile.block_size, budget) for _ in range(nodes)]
+
+    def tier() -> SimTier | None:
+        return SimTier(tier_bytes, profile.kv_block_bytes, profile.disk_read_bytes_per_s) if tier_bytes else None
+    backends = [SimBackend(cost, num_blocks, profile.block_size, budget, tier=tier()) for _ in range(nodes)]
     router = Router([f"node{i}" for i in range(nodes)], policy) if nodes > 1 else None
     driver = Driver(trace, backends, tokenize, client, router)
     t = time.perf_counter()
@@ -143,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
         print("error: --sweep replicas needs --fleet", file=sys.stderr)
         return 2
     runs: list[tuple[str, dict]] = []
+    tier_bytes = parse_bytes(args.kv_tier_bytes) if args.kv_tier_bytes not in ("", "0") else 0
     if not args.sweep:
-        s, driver = simulate(trace, profile, tokenize, dtype, blocks, budget, args.nodes, args.policy, client)
+        s, driver = simulate(trace, profile, tokenize, dtype, blocks, budget, args.nodes, args.policy, client,
+                             tier_bytes)
         runs.append((f"{args.nodes} node(s), {args.policy}" if args.nodes > 1 else profile.name, s))
         if args.plot:
             from warmpath.sim.plot import plot_timeline
@@ -169,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
         for n in DEVELOPERS:
             t = make_trace(args.workload, n, args.duration, args.seed, args.rate)
             runs.append((f"{n} developers", simulate(t, profile, tokenize, dtype, blocks, budget, client=client)[0]))
+    elif args.sweep == "kv-tier":
+        for gib in KV_TIER_GIB:
+            s = simulate(trace, profile, tokenize, dtype, blocks, budget, client=client, tier_bytes=int(gib * 2**30))[0]
+            runs.append((f"tier {gib} GiB" if gib else "no tier", s))
     elif args.sweep == "nodes":
         for n_nodes in (2, 4, 8):
             for pol in ("round-robin", "least-load", "prefix", "session", "hybrid"):
@@ -184,6 +204,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"one node holds {held or 0} developer(s) at editor goodput >= {100 * target:.1f}% "
               f"({'asked' if args.capacity_goodput is not None else f'{S.target_share:.0%} of the best count'}"
               f") and TTFT p50 <= {args.deadline_ms:.0f} ms ({profile.name}, {args.duration:.0f} s, rate {args.rate})")
+    if args.sweep == "kv-tier":
+        best = max((s["editor_goodput"] or 0.0) for s in summaries)
+        enough = next(gib for gib, s in zip(KV_TIER_GIB, summaries, strict=True)
+                      if (s["editor_goodput"] or 0.0) >= S.target_share * best)
+        print(f"a KV tier of {enough} GiB per node keeps editor goodput within {S.target_share:.0%} of the best "
+              f"({len(trace.sessions)} sessions, {blocks} RAM blocks per node, disk read at "
+              f"{profile.disk_read_bytes_per_s / 1e6:.0f} MB/s)")
     if args.sweep and args.plot:
         from warmpath.sim.plot import plot_sweep
 

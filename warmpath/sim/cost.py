@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from warmpath.config import ModelConfig, warmpath_home
-from warmpath.engine.scheduler import SchedulerOutput
+from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.models.footprint import kv_pool_blocks
 
 FEATURES = ("base", "per_token", "prefill_attention", "per_seq", "kv_read", "per_chunk")
@@ -82,9 +82,16 @@ class Profile:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     working_bytes: int = 0  # activations of the largest step (models/footprint.working_bytes for the CPU engine)
+    # The KV tier's disk: bytes per second read back from files not in the page cache (`--calibrate` measures it
+    # here; the default is what a cloud VM's SSD volume gave)
+    disk_read_bytes_per_s: float = 200e6
     model_spec: str | None = None  # the model `--calibrate` fits the cost to (None: a paper profile)
     calibrate_dtype: str = "auto"  # the engine's dtype while it does
     sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kv_block_bytes(self) -> int:
+        return self.model.kv_bytes_per_token(self.kv_dtype_bytes) * self.block_size
 
     def num_kv_blocks(self, dtype: str | None = None, memory_bytes: int | None = None) -> int:
         """The block pool that fits beside the weights in the memory budget, counted as the engine counts."""

@@ -24,6 +24,7 @@ from warmpath.engine.request import Request, RequestMetrics, SamplingParams
 from warmpath.engine.scheduler import Scheduler
 from warmpath.router.policies import RouteKey, Router
 from warmpath.sim.cost import CostModel, StepShape, step_shape
+from warmpath.sim.tier import SimTier
 from warmpath.workloads import Trace, editor_prompt
 
 if TYPE_CHECKING:
@@ -77,10 +78,13 @@ class SimBackend:
     """The engine's Scheduler and BlockPool, no model: a step costs what the cost model says."""
 
     def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, max_num_batched_tokens: int = 512,
-                 max_num_seqs: int = 64, enable_prefix_caching: bool = True):
+                 max_num_seqs: int = 64, enable_prefix_caching: bool = True, tier: SimTier | None = None):
         self.cost = cost
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, b"sim")
         self.scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens, max_num_seqs), self.pool)
+        self.tier = tier
+        if tier is not None:  # the engine's disk tier: every cached block kept, read back instead of computed
+            self.pool.on_cached, self.scheduler.tier = tier.add, tier
         self.requests: dict[str, Request] = {}
         self.now = 0.0
         self.scheduler.clock = lambda: self.now
@@ -105,6 +109,7 @@ class SimBackend:
         plan = self.scheduler.schedule()
         sampling = [c.request for c in plan.chunks if c.sample]
         seconds = self.cost.step_seconds(step_shape(plan)) if plan.chunks else 0.0
+        seconds += self.tier.take_seconds() if self.tier is not None else 0.0
         self.scheduler.observe(plan.num_tokens, seconds)  # paces prompt chunks as the engine's own steps do
         done = plan.finished + (self.scheduler.update(plan, [[SIM_TOKEN]] * len(sampling)) if plan.chunks else [])
         cached = {c.request.request_id: c.request.num_cached_tokens for c in plan.chunks}
@@ -117,7 +122,8 @@ class SimBackend:
     def stats(self) -> dict:
         s = self.scheduler.stats
         return {"queried": s.prefix_cache_queried_tokens, "hit": s.prefix_cache_hit_tokens,
-                "preemptions": s.num_preemptions, "evictions": self.pool.num_evictions}
+                "tier_hit": s.prefix_cache_tier_hit_tokens, "preemptions": s.num_preemptions,
+                "evictions": self.pool.num_evictions}
 
 
 class RealBackend:
@@ -161,7 +167,8 @@ class RealBackend:
     def stats(self) -> dict:
         s = self.engine.scheduler.stats
         return {"queried": s.prefix_cache_queried_tokens, "hit": s.prefix_cache_hit_tokens,
-                "preemptions": s.num_preemptions, "evictions": self.engine.pool.num_evictions}
+                "tier_hit": s.prefix_cache_tier_hit_tokens, "preemptions": s.num_preemptions,
+                "evictions": self.engine.pool.num_evictions}
 
 
 @dataclass

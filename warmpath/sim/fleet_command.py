@@ -26,12 +26,13 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fleets (--fleet)")
     g.add_argument("--fleet", action="store_true", help="N nodes behind R router replicas, each with its own "
                    "counts and scrapes (--sweep nodes: the fewest nodes for --target-goodput; --sweep replicas)")
-    g.add_argument("--replicas", type=int, default=SimConfig.replicas)
+    g.add_argument("--replicas", type=int, default=SimConfig.replicas, help="router replicas in front of the nodes")
     g.add_argument("--replica-by", default=SimConfig.replica_by, choices=list(REPLICA_BY),
                    help="how the balancer in front spreads requests over the replicas")
     g.add_argument("--scrape-s", type=float, default=RouterConfig.health_interval,
                    help="simulated seconds between a replica's scrapes of the nodes' /metrics")
-    g.add_argument("--affinity-floor", type=int, default=RouterConfig.affinity_floor)
+    g.add_argument("--affinity-floor", type=int, default=RouterConfig.affinity_floor,
+                   help="a node keeps its sessions while its load is under this many requests")
     g.add_argument("--kill-node-at", type=float, help="simulated second at which one node dies")
     g.add_argument("--kill-node", type=int, help="which node (default: the one most sessions call home then)")
     g.add_argument("--target-goodput", type=float, default=SimConfig.target_goodput,

@@ -84,6 +84,7 @@ def _cpu_qwen(name: str) -> Profile:
         name=name, model=model, weight_bytes={"q4_k_m": weights}, kv_dtype_bytes=2,
         memory_bytes=weights + working + KV_CACHE_BYTES, cost={"q4_k_m": cost}, default_dtype="q4_k_m",
         max_num_batched_tokens=512, working_bytes=working, model_spec=spec,
+        disk_read_bytes_per_s=(meta or {}).get("disk_read_bytes_per_s") or Profile.disk_read_bytes_per_s,
         sources={"model": f"{spec} Q4_K_M GGUF metadata", "cost": "fitted to the real engine" + (
                      "" if meta else f" on {CPU_QWEN_MEASURED} (built-in)"),
                  "memory": "resident weights (measured) + working buffers + the 1 GiB bf16 KV pool `warmpath serve` "

@@ -19,9 +19,11 @@ def summarize(driver: Driver, wall_s: float) -> dict:
     agent = [r for r in recs if r.kind == "agent"]
     stats = [b.stats for b in driver.backends]
     queried, hit = sum(s["queried"] for s in stats), sum(s["hit"] for s in stats)
+    tier_hit = sum(s.get("tier_hit", 0) for s in stats)
     gaps = [b - a for r in recs for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
     out: dict = {"requests": len(recs), "editor_requests": len(editor), "agent_requests": len(agent),
-                 "prefix_hit_rate": hit / queried if queried else None,
+                 "prefix_hit_rate": (hit + tier_hit) / queried if queried else None,
+                 "tier_hit_rate": tier_hit / queried if queried else None,
                  "preemptions": sum(s["preemptions"] for s in stats),
                  "evictions": sum(s["evictions"] for s in stats),
                  "first_preemption_s": driver.first_preemption,
@@ -50,7 +52,8 @@ def summarize(driver: Driver, wall_s: float) -> dict:
     return out
 
 
-ROWS = [("prefix-cache hit rate", "prefix_hit_rate", "pct"),
+ROWS = [("prefix-cache hit rate (RAM + tier)", "prefix_hit_rate", "pct"),
+        ("of which from the KV tier", "tier_hit_rate", "pct"),
         (f"editor goodput (TTFT <= {SLO.editor_ttft_s * 1000:.0f} ms)", "editor_goodput", "pct"),
         ("editor TTFT p50", "editor_ttft_p50_s", "s"),
         ("editor TTFT p99", "editor_ttft_p99_s", "s"), ("agent TTFT p50", "agent_ttft_p50_s", "s"),

@@ -1,4 +1,4 @@
-/* Part of matmul.h (included by it, after tiles.h): int8-activation products of many rows on AMX tiles (Intel
+/* Part of matmul.h: int8-activation products of many rows on AMX tiles (Intel
    AMX-INT8: Sapphire Rapids and later), the same numbers as tile_i8 (see "Int8 activations" in matmul.h).
 
    One tile instruction sums a block's 32 products for 16 rows of x times 16 outputs (two groups) exactly in 32-bit
@@ -10,6 +10,8 @@
    Linux hands out the tile registers only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); where it
    refuses, or wp_set_amx(0) turned them off, the register tiles run. */
 #pragma once
+
+#include "tiles.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #define WP_AMX 1

@@ -1,4 +1,4 @@
-/* Part of matmul.h (included by it, after tiles.h; AVX2, or AVX-512 VNNI on 256-bit registers): int8-activation
+/* Part of matmul.h (AVX2, or AVX-512 VNNI on 256-bit registers): int8-activation
    products over the GGUF file's own blocks (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K; layouts in matmul.h), so the weights keep the
    file's bytes and a decode reads no more than the file holds.
 
@@ -9,6 +9,8 @@
    The offsets (8, 16, 32) come out of the integer sums through the rows' sums of xq per 16 columns (xi): the same
    integers as llama.cpp's signed products, from unsigned quants (u8 x s8 instructions). */
 #pragma once
+
+#include "tiles.h"
 
 /* Unpacked vector e (0..7) of a block: byte 4j + i is the quant of row j at column 4e + i. */
 AI __m256i kq_vector(const int TYPE, const uint8_t *nib, const int e) {

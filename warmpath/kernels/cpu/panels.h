@@ -1,6 +1,8 @@
-/* Part of matmul.h (included by it, after tiles.h; AVX2 only): many rows of x over weights converted once
+/* Part of matmul.h (AVX2 only): many rows of x over weights converted once
    into L1 panels. */
 #pragma once
+
+#include "tiles.h"
 
 /* Many rows of x (a batch of decodes, a prompt chunk): a pair of groups is converted to weights (d * q) once,
    PANEL_BLOCKS blocks at a time, into an L1 panel [column][8 rows] per group; tiles of up to 6 rows of x run

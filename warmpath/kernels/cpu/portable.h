@@ -1,5 +1,7 @@
-/* Part of matmul.h (included by it where WP_SIMD is off): tiles, tiles_i8 and quantize_rows in plain C. */
+/* Part of matmul.h (where WP_SIMD is off): tiles, tiles_i8 and quantize_rows in plain C. */
 #pragma once
+
+#include "layout.h"
 
 /* The portable path: the same sums, one output at a time. */
 static void tiles(const wp_matrix *W, const float *x, const float *xs, int R, float *y, int64_t ldy, int64_t g0,

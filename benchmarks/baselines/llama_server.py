@@ -1,46 +1,51 @@
 """llama.cpp's own C++ `llama-server` as a real engine behind warmpath's router (issue 22).
 
-    python benchmarks/llama_server.py install                                # build it once, cached
-    python benchmarks/llama_server.py serve --port 8003 --threads 2 [--ctx 8192] [--parallel 4]
+    python benchmarks/baselines/llama_server.py install                           # build it once, cached
+    python benchmarks/baselines/llama_server.py serve --port 8003 --threads 2 [--ctx 8192] [--parallel 4]
 
-Not llama-cpp-python's Python server (that one is llama_cpp_server.py): this is the server llama.cpp ships,
+Not llama-cpp-python's Python server (that one is llama_cpp_python.py): this is the server llama.cpp ships,
 with /health, /props, /slots, /metrics, /infill and /v1/completions. `install` builds just the `llama-server`
 target with cmake (Release, static, no web UI, no curl/openssl) from the llama.cpp that the cached
 llama-cpp-python sdist vendors ($WARMPATH_HOME/sdists, fetched again with pip when absent) into
 $WARMPATH_HOME/baselines/llama-server/bin; it skips the build when that binary exists. On AMX machines it
-takes llama_cpp_server.py's flags (the native build crashes in llama.cpp's AMX path). `serve` runs the
+takes llama_cpp_python.py's flags (the native build crashes in llama.cpp's AMX path). `serve` runs the
 bundled GGUF with metrics and slots on, alias `smollm2`, continuous batching and prompt caching, one unified
-KV buffer for all slots (`--model qwen2.5-coder-0.5b` or a GGUF path for another file). Never part of `make test`.
+KV buffer for all slots (`--model qwen2.5-coder-0.5b` or a GGUF path for another file); any other flag goes to
+llama-server as it is (`--cache-reuse 256`). No offline API: offline() says so. Never part of `make test`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run by path: python benchmarks/baselines/llama_server.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baselines import command_line, home  # noqa: E402
+from baselines.llama_cpp_python import VERSION, cmake_args  # noqa: E402
 from warmpath.config import warmpath_home  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from llama_cpp_server import VERSION, cmake_args  # noqa: E402
 
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 VENDOR = f"llama_cpp_python-{VERSION}/vendor/llama.cpp"
 
 
 def root() -> Path:
-    return warmpath_home() / "baselines" / "llama-server"
+    return home() / "llama-server"
 
 
 def binary() -> Path:
     return root() / "bin" / "llama-server"
+
+
+def installed() -> bool:
+    return binary().exists()
 
 
 def sdist() -> Path:
@@ -66,11 +71,11 @@ def source(into: Path) -> Path:
     return src
 
 
-def install() -> Path:
+def install() -> None:
     exe = binary()
     if exe.exists():
         print(f"llama-server already built: {exe}")
-        return exe
+        return
     jobs = str(os.cpu_count() or 2)
     with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
         src = source(Path(tmp))
@@ -87,41 +92,35 @@ def install() -> Path:
         shutil.copy2(build / "bin" / "llama-server", exe.with_suffix(".tmp"))
         exe.with_suffix(".tmp").rename(exe)
     subprocess.run([str(exe), "--version"], check=True)
-    return exe
 
 
-def server_cmd(port: int, threads: int, ctx: int, parallel: int, model: str = "smollm2") -> list[str]:
+def serve_cmd(model: str, port: int, threads: int, ctx: int = 8192, parallel: int = 4,
+              extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """llama-server on `model` (a registry name or a GGUF path, served under that name) at its serving settings;
+    `extra`: more llama-server flags, appended as they are."""
     from warmpath.models.registry import resolve_model
 
-    return [str(binary()), "--model", str(resolve_model(model)), "--alias", model,
+    argv = [str(binary()), "--model", str(resolve_model(model)), "--alias", model,
             "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), "--threads-batch", str(threads),
             "--ctx-size", str(ctx), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
-            "--cache-prompt", "--metrics", "--slots", "--no-webui"]
+            "--cache-prompt", "--metrics", "--slots", "--no-webui", *extra]
+    return argv, dict(os.environ)
 
 
-def serve(port: int, threads: int, ctx: int, parallel: int, model: str, extra: list[str]) -> None:
-    if not binary().exists():
-        sys.exit(f"llama-server is not built; run: python {sys.argv[0]} install")
-    cmd = server_cmd(port, threads, ctx, parallel, model) + extra
-    print(" ".join(cmd), flush=True)
-    os.execv(cmd[0], cmd)
+def offline(job: dict, model: str, threads: int) -> dict:
+    raise NotImplementedError("llama-server is a server only: llama.cpp's offline rows are "
+                              "baselines.llama_cpp_python.offline (the same llama.cpp through its Python API)")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("install")
-    s = sub.add_parser("serve")
-    s.add_argument("--port", type=int, default=8003)
-    s.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    s.add_argument("--ctx", type=int, default=8192)
-    s.add_argument("--parallel", type=int, default=4)
-    s.add_argument("--model", default="smollm2", help="a `warmpath fetch-model` name or a GGUF path")
-    args, extra = p.parse_known_args()  # serve: anything else goes to llama-server as it is (--cache-reuse 256)
-    if args.cmd == "install":
-        install()
-    else:
-        serve(args.port, args.threads, args.ctx, args.parallel, args.model, extra)
+    def flags(s) -> None:
+        s.add_argument("--ctx", type=int, default=8192)
+        s.add_argument("--parallel", type=int, default=4)
+        s.add_argument("--model", default="smollm2", help="a `warmpath fetch-model` name or a GGUF path")
+
+    # serve: flags this script does not know go to llama-server as they are (--cache-reuse 256)
+    command_line(__doc__, "llama-server", install, installed, 8003, flags,
+                 lambda a, extra: serve_cmd(a.model, a.port, a.threads, a.ctx, a.parallel, extra), extra_ok=True)
 
 
 if __name__ == "__main__":

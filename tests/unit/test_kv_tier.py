@@ -1,0 +1,168 @@
+"""The KV cache's disk tier on the tiny model: a prefix evicted from RAM, or lost to a restart, is read back
+instead of computed, and gives exactly the tokens a computed one gives; a damaged, truncated or foreign file is
+recomputed, never used; one tenant's blocks never serve another; a full disk only costs the tier."""
+
+import errno
+from pathlib import Path
+
+import pytest
+from engine_checks import check_pool_invariants, code_texts
+
+from warmpath import SamplingParams
+from warmpath.config import EngineConfig
+from warmpath.engine.engine import Engine
+from warmpath.engine.kv_tier import DiskTier
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def make(path, tier: Path | None, **kw) -> Engine:
+    kw = {"dtype": "float32", "num_kv_blocks": 256, "kv_offload_dir": str(tier) if tier else None, **kw}
+    return Engine(EngineConfig(model=str(path), **kw))
+
+
+def run(engine: Engine, ids: list[int], salt: str | None = None, rid: str = "r") -> tuple[list[int], int, int]:
+    """(output tokens, prompt tokens not computed, of those read from the tier)"""
+    engine.add_request(rid, ids, GREEDY, cache_salt=salt)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done = out
+        check_pool_invariants(engine)
+    return done.token_ids, done.num_cached_tokens, done.num_tier_tokens
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_long_dir) -> list[int]:
+    return make(tiny_long_dir, None, num_kv_blocks=4).tokenizer.encode(code_texts(1, 700, 700, seed=3)[0])
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_long_dir, prompt) -> list[int]:
+    return run(make(tiny_long_dir, None), prompt)[0]
+
+
+def first_run(model_dir, tier: Path, prompt: list[int]) -> Engine:
+    """An engine that served the prompt once and shut down: its blocks are in the tier."""
+    engine = make(model_dir, tier)
+    run(engine, prompt)
+    engine.close()
+    return engine
+
+
+def kept_files(tier: Path) -> list[Path]:
+    return sorted(tier.glob("*/*.kv"))
+
+
+def test_an_evicted_prefix_is_read_back_with_the_same_tokens(tiny_long_dir, tmp_path, prompt, reference):
+    engine = make(tiny_long_dir, tmp_path)
+    assert run(engine, prompt, rid="a") == (reference, 0, 0)
+    engine.tier.tier.flush()
+    full = (len(prompt) - 1) // 16 * 16
+    assert len(kept_files(tmp_path)) == (len(prompt) + GREEDY.max_tokens - 1) // 16  # the answer's full blocks too
+    engine.pool.reset_prefix_cache()  # gone from RAM
+    computed = engine.stats()["num_computed_tokens"]
+    assert run(engine, prompt, rid="b") == (reference, full, full)
+    assert engine.stats()["num_computed_tokens"] - computed == len(prompt) - full + GREEDY.max_tokens - 1
+    assert engine.stats()["prefix_cache_tier_hit_tokens"] == full
+    assert run(engine, prompt, rid="c") == (reference, full, 0)  # in RAM again: a RAM hit
+    engine.close()
+
+
+def test_blocks_evicted_by_other_sessions_come_back_from_the_tier(tiny_long_dir, tmp_path, prompt, reference):
+    engine = make(tiny_long_dir, tmp_path, num_kv_blocks=64)
+    run(engine, prompt, rid="a")
+    for i, text in enumerate(code_texts(3, 700, 700, seed=9)):  # other files push it out of the 64 blocks
+        run(engine, engine.tokenizer.encode(text), rid=f"other{i}")
+    assert engine.pool.find_cached_prefix(prompt, engine.pool.hashes(prompt)) == []
+    tokens, cached, from_tier = run(engine, prompt, rid="b")
+    assert tokens == reference and cached == from_tier == (len(prompt) - 1) // 16 * 16
+    engine.close()
+
+
+def test_a_restarted_engine_finds_the_prefixes(tiny_long_dir, tmp_path, prompt, reference):
+    first_run(tiny_long_dir, tmp_path, prompt)
+    again = make(tiny_long_dir, tmp_path)
+    full = (len(prompt) - 1) // 16 * 16
+    assert run(again, prompt) == (reference, full, full)
+    again.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "foreign"])
+def test_a_damaged_file_is_recomputed_never_used(tiny_long_dir, tmp_path, prompt, reference, damage):
+    first = first_run(tiny_long_dir, tmp_path, prompt)
+    fourth = first.pool.hashes(prompt)[3].hex()
+    victim = next(p for p in kept_files(tmp_path) if p.stem == fourth)  # the fourth block of the prefix
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[-100] ^= 0xFF  # in the payload: only the checksum sees it
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    else:  # another model's (another key's) block under this hash
+        data[5:37] = bytes(32)
+    victim.write_bytes(bytes(data))
+    again = make(tiny_long_dir, tmp_path)
+    tokens, cached, from_tier = run(again, prompt)
+    assert tokens == reference
+    assert cached == from_tier == 3 * 16  # the three good blocks before it; computed from the damaged one on
+    assert again.stats()["kv_tier_rejected"] == 1
+    again.close()
+    assert victim.read_bytes() != bytes(data)  # the recomputed block, written again
+    third = make(tiny_long_dir, tmp_path)
+    assert run(third, prompt)[1:] == ((len(prompt) - 1) // 16 * 16,) * 2
+    third.close()
+
+
+def test_a_tenants_blocks_never_serve_another(tiny_long_dir, tmp_path, prompt, reference):
+    engine = make(tiny_long_dir, tmp_path)
+    run(engine, prompt, salt="team-a", rid="a")
+    engine.tier.tier.flush()
+    engine.pool.reset_prefix_cache()
+    assert run(engine, prompt, salt="team-b", rid="b") == (reference, 0, 0)
+    assert run(engine, prompt, rid="c") == (reference, 0, 0)  # no salt: nobody's either
+    full = (len(prompt) - 1) // 16 * 16
+    engine.pool.reset_prefix_cache()
+    assert run(engine, prompt, salt="team-a", rid="d") == (reference, full, full)
+    engine.close()
+
+
+def test_a_full_disk_leaves_blocks_in_ram_and_says_so(tiny_long_dir, tmp_path, prompt, reference, monkeypatch,
+                                                       caplog):
+    def no_space(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", no_space)
+    engine = make(tiny_long_dir, tmp_path)
+    assert run(engine, prompt, rid="a") == (reference, 0, 0)
+    engine.tier.tier.flush()
+    assert engine.stats()["kv_tier_write_errors"] > 0 and kept_files(tmp_path) == []
+    assert "cannot write" in caplog.text
+    full = (len(prompt) - 1) // 16 * 16
+    assert run(engine, prompt, rid="b") == (reference, full, 0)  # still warm in RAM
+    engine.pool.reset_prefix_cache()
+    assert run(engine, prompt, rid="c") == (reference, 0, 0)  # then recomputed: nothing lost, nothing wrong
+    engine.close()
+
+
+def test_the_tier_keeps_its_bound_least_recently_used_first(tmp_path):
+    tier = DiskTier(tmp_path, "k", max_bytes=5 * 1200)
+    for i in range(8):
+        tier.put(bytes([i]) * 32, (i,) * 16, bytes(1000))
+        tier.flush()
+    assert tier.num_bytes <= 5 * 1200 and tier.stats.blocks_evicted == 4
+    assert not tier.has(bytes([0]) * 32) and tier.has(bytes([7]) * 32)
+    assert tier.read(bytes([5]) * 32, (5,) * 16, 1000) == bytes(1000)
+    tier.put(bytes([8]) * 32, (8,) * 16, bytes(1000))
+    tier.flush()
+    assert tier.has(bytes([5]) * 32) and not tier.has(bytes([4]) * 32)  # read: used, so 4 went first
+    tier.close()
+
+
+def test_another_model_on_the_same_tier_finds_nothing_of_the_first(tiny_long_dir, tiny_llama_dir, tmp_path, prompt):
+    first_run(tiny_long_dir, tmp_path, prompt)
+    other = make(tiny_llama_dir, tmp_path)
+    assert run(other, prompt[:200])[1:] == (0, 0)  # its own key: the first model's blocks are not its K/V
+    other.close()
+    assert len({p.parent for p in kept_files(tmp_path)}) == 2

@@ -1,0 +1,55 @@
+"""The engine's side of the KV tier: a pool block's K/V copied into the DiskTier as the block enters the prefix cache,
+and read back into fresh pool blocks when the scheduler restores a prefix (scheduler.KVTier)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from warmpath.config import ModelConfig
+from warmpath.engine.kv_tier import DiskTier
+from warmpath.engine.plan_timing import code_identity
+from warmpath.models.checkpoint import file_identity
+
+
+def tier_key(source: str, backends: list[str], plan_key: str, kv_dtype: torch.dtype, block_size: int,
+             model: ModelConfig) -> str:
+    """Everything that makes a block's K/V valid: the model file, the backends and code that computed it (a plan's
+    key names the code, the CPU and the file too), the KV dtype, the block size, the model's shape."""
+    what = [file_identity(Path(source)), " + ".join(backends), plan_key or code_identity(), str(kv_dtype),
+            str(block_size), repr(model)]
+    return hashlib.sha256("\n".join(what).encode()).hexdigest()[:24]
+
+
+class KVOffload:
+    """A DiskTier over the engine's KV cache tensor [layers, 2, blocks, block_size, kv heads, head dim]."""
+
+    def __init__(self, tier: DiskTier, kv_cache: torch.Tensor):
+        self.tier, self.kv = tier, kv_cache
+        self.block_shape = kv_cache[:, :, 0].shape
+        self.block_bytes = kv_cache[:, :, 0].numel() * kv_cache.element_size()
+
+    def save(self, block: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
+        """BlockPool.on_cached: a block just entered the prefix cache is kept in the tier too (written off this
+        thread; a block the tier has already is only marked as used)."""
+        if self.tier.has(block_hash):
+            self.tier.touch(block_hash)
+            return
+        self.tier.put(block_hash, token_ids, self.kv[:, :, block].contiguous().view(torch.uint8).numpy().tobytes())
+
+    def has(self, block_hash: bytes) -> bool:
+        return self.tier.has(block_hash)
+
+    def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int, ...]]) -> int:
+        for i, (b, h, tokens) in enumerate(zip(blocks, hashes, token_ids, strict=True)):
+            payload = self.tier.read(h, tokens, self.block_bytes)
+            if payload is None:
+                return i
+            kept = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.kv.dtype).view(self.block_shape)
+            self.kv[:, :, b].copy_(kept)
+        return len(blocks)
+
+    def close(self) -> None:
+        self.tier.close()

@@ -1,0 +1,194 @@
+"""The HTTP side of the engine, shared by every route (app.py's OpenAI routes, editors.py's editor protocols):
+model names, prompts from request bodies, jobs, and answers from jobs.
+
+A late answer is silence, never an error: past X-Deadline-Ms the request is aborted and answered 200 with
+empty text and finish_reason "deadline"; one that cannot start in time is answered at once with
+"overloaded". A client that goes away aborts its request (its blocks return to the pool at once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from warmpath.api import responses as wire
+from warmpath.api.asgi import ClientGone, unless_disconnected
+from warmpath.api.fim import LAYOUTS, ContextFile, repo_context
+from warmpath.api.protocol import ApiError, ChatRequest, CompletionRequest, SamplingFields
+from warmpath.config import ServerConfig
+from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
+from warmpath.engine.engine import Engine
+from warmpath.engine.metrics import Metrics
+from warmpath.models.registry import bundled
+from warmpath.server.jobs import Job, Jobs
+from warmpath.server.limits import Chain
+from warmpath.server.logprobs import LogprobFormatter
+from warmpath.server.prompts import PromptEncoder, detect_fim, split_literal_fim
+from warmpath.server.scope import SCOPES, Scope
+
+SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
+
+
+class Frontend:
+    """What the routes share: the engine, its model names and prompt formats, and the jobs it runs."""
+
+    def __init__(self, engine: Engine, config: ServerConfig):
+        if config.fim_layout not in LAYOUTS:
+            raise ValueError(f"--fim-layout must be one of {', '.join(LAYOUTS)}, got {config.fim_layout!r}")
+        self.engine, self.config = engine, config
+        self.async_engine = AsyncEngine(engine)
+        self.metrics = Metrics(lambda: self.async_engine.snapshot.stats)
+        self.jobs = Jobs(engine, self.async_engine, self.metrics)
+        self.tokenizer = engine.tokenizer
+        self.fim = detect_fim(self.tokenizer)
+        self.encoder = PromptEncoder(self.tokenizer, engine.max_model_len)
+        self.logprob_format = LogprobFormatter(self.tokenizer)
+        self.model_name = config.served_model_name or engine.config.model
+        model = bundled(engine.config.model)  # a bundled model is served by its Ollama `name:tag` too
+        tag = model.tag if model and not config.served_model_name else ""
+        self.names = [self.model_name, *([tag] if tag and tag != self.model_name else [])]  # listed, in order
+        self.accepted_names = {*self.names, engine.config.model}
+        self.model_card = self._model_card()
+        if config.completion_scope not in SCOPES:
+            raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {config.completion_scope!r}")
+        if config.cache_isolation not in ("none", "key"):
+            raise ValueError(f"cache_isolation must be none or key, got {config.cache_isolation!r}")
+
+    def _model_card(self) -> dict:
+        """The /v1/models entry, with what a deployer checks (warmpath's fields): the architecture, the file's quant
+        mix (tensors per GGUF type) and what the native kernel reads, the FIM template and whether it takes
+        repository context, the context length, and KV bytes per token in the cache's dtype."""
+        cfg, native = self.engine.model_config, self.engine.runner.native
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "warmpath",
+                "max_model_len": self.engine.max_model_len, "architecture": cfg.architecture,
+                "context_length": cfg.max_position_embeddings, "quantization": self.engine.tensor_types or None,
+                "kernel_weights": native.weight_kinds if native else None,
+                "fim_template": self.fim.name if self.fim else None,
+                "repo_context": bool(self.fim and self.fim.file_sep),
+                "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype.itemsize)}
+
+    def cache_salt(self, body: SamplingFields, request: Request) -> str | None:
+        """The request's prefix-cache salt: its `cache_salt`, and with cache_isolation "key" a hash of its API
+        key (never the key itself) before it, so each key is its own tenant."""
+        if self.config.cache_isolation != "key":
+            return body.cache_salt
+        key = hashlib.sha256(request.headers.get("authorization", "").encode("latin-1")).hexdigest()
+        return f"{key}\0{body.cache_salt or ''}"
+
+    def scope(self, prefix: str, suffix: str, asked: str | None) -> Scope | None:
+        """Where a fill-in-the-middle answer with this cursor ends: the request's scope, else the server's."""
+        scope = asked or self.config.completion_scope
+        return None if scope == "none" else Scope(prefix, suffix, scope)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.accepted_names:
+            raise ApiError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    # -- jobs from request bodies -----------------------------------------------------------------------------
+    async def completion_job(self, body: CompletionRequest, request: Request, received: float) -> Job:
+        self.check_model(body.model)
+        cutter, fim_mode, fim = None, None, False
+        if isinstance(body.prompt, str):
+            prefix, suffix, literal = body.prompt, body.suffix, None
+            if not suffix and (split := split_literal_fim(prefix, self.tokenizer)):  # another family's markers
+                prefix, suffix, literal = split
+            text = prefix
+            # Other files of the repository, before the prefix (stable: they stay in the prefix cache)
+            context = repo_context([ContextFile(e.filename, e.text) for e in body.extra or []], self.fim)
+            if suffix or literal or (context and self.fim is not None):
+                if self.fim is not None:
+                    text = self.fim.build(prefix, suffix or "", context, self.config.fim_layout)
+                    fim_mode = self.fim.name
+                else:  # no FIM tokens: complete from the prefix; the scope cuts where the suffix begins
+                    text, fim_mode = context + prefix, "prefix-only"
+                if literal:
+                    fim_mode += f"; the prompt's {literal} markers read as prefix and suffix"
+                cutter, fim = self.scope(prefix, suffix or "", body.scope), True
+            else:
+                text = context + body.prompt
+                if self.fim is not None and (own := self.fim.split(text)) is not None:  # the model's own layout
+                    cutter, fim, fim_mode = self.scope(*own, body.scope), True, self.fim.name
+            prompt_ids = await self.encoder.encode(text)
+        else:
+            if body.suffix or body.extra:
+                raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if body.suffix else "extra")
+            prompt_ids = list(body.prompt)
+        if body.temperature is None and fim:  # a FIM completion: greedy unless asked (protocol.py)
+            body = body.model_copy(update={"temperature": 0.0})
+        job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens,
+                             self.cache_salt(body, request))
+        job.cutter, job.fim_mode = Chain(cutter) if cutter else None, fim_mode
+        if body.echo:
+            job.echo = body.prompt if isinstance(body.prompt, str) else self.tokenizer.decode(prompt_ids)
+            job.text_offset = len(job.echo)
+        return job
+
+    async def chat_job(self, body: ChatRequest, request: Request, received: float) -> Job:
+        self.check_model(body.model)
+        try:
+            prompt_ids = await self.encoder.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+        except ApiError:
+            raise
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        except Exception as e:  # a template that fails on these messages is the caller's input problem
+            raise ApiError(400, f"chat template failed on these messages: {e}", param="messages") from None
+        return self.jobs.make("chat", body, prompt_ids, request.headers, received,
+                              body.max_completion_tokens or body.max_tokens, self.cache_salt(body, request))
+
+    # -- answers ----------------------------------------------------------------------------------------------
+    async def respond(self, job: Job, body: SamplingFields, request: Request):
+        """The job's answer; one that cannot start before its deadline is refused at once ("overloaded", by
+        jobs.run, before it reaches the engine)."""
+        self.jobs.check_alive()
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            # The background task runs when the response is done, also when the client left before the stream
+            # started (the stream's own cleanup never ran then): the job is counted as the client's abort.
+            return StreamingResponse(self._sse(job, include_usage), media_type="text/event-stream",
+                                     headers=wire.SSE_HEADERS, background=BackgroundTask(self.jobs.record, job))
+        try:  # not streamed: watch for the client going away while we compute
+            await unless_disconnected(request, self.jobs.collect(job))
+        except ClientGone:
+            return Response(status_code=499)
+        except EngineDeadError as e:
+            raise ApiError(503, str(e), "server_error", code="engine_dead") from None
+        if job.finish_reason in SILENCE:  # late or refused: silence
+            return wire.answer(job.kind, job.request_id, self.model_name, "", job.finish_reason, job.usage(),
+                               job.fim_mode)
+        return wire.answer(job.kind, job.request_id, self.model_name, job.echo + job.text, job.finish_reason,
+                           job.usage(), job.fim_mode, self._logprobs(job))
+
+    def _logprobs(self, job: Job) -> dict | None:
+        """The logprobs of the job's tokens not yet reported, in the answer's shape; None if not asked for."""
+        if job.params.logprobs is None:
+            return None
+        if job.kind == "chat":
+            return self.logprob_format.chat(job.take_logprobs(self.logprob_format.num_chars))
+        entries = job.take_logprobs(self.logprob_format.num_chars)
+        view, job.text_offset = self.logprob_format.completion(entries, job.text_offset)
+        return view
+
+    def _chunk(self, job: Job, text: str, finish: str | None, first: bool = False) -> str:
+        if first and finish not in SILENCE:
+            text = job.echo + text
+        return wire.sse(wire.chunk(job.kind, job.request_id, self.model_name, text, finish, first, job.fim_mode,
+                                   None if finish in SILENCE else self._logprobs(job)))
+
+    async def _sse(self, job: Job, include_usage: bool):
+        first = True
+        try:
+            async for delta in self.jobs.run(job):
+                yield self._chunk(job, delta, None, first)
+                first = False
+        except EngineDeadError as e:
+            yield wire.sse_error(str(e), "engine_dead")
+            return
+        yield self._chunk(job, "", job.finish_reason, first)
+        if include_usage:
+            yield wire.sse(wire.usage_chunk(job.kind, job.request_id, self.model_name, job.usage(), job.fim_mode))
+        yield wire.SSE_DONE
