@@ -35,7 +35,7 @@ def installed() -> bool:
 
 
 def cmake_args() -> str:
-    """AMX machines: the native build crashes in llama.cpp's AMX path (anchors.md), so build without it."""
+    """AMX machines: the native build crashed in llama.cpp's AMX path on a Sapphire Rapids, so build without it."""
     flags = Path("/proc/cpuinfo").read_text()
     if "amx_tile" not in flags:
         return ""
@@ -60,7 +60,7 @@ def serve_cmd(model: str, port: int, threads: int, ctx: int = 8192) -> tuple[lis
     `model` (a registry name or a GGUF path, served under that name), its RAM prompt cache on."""
     from warmpath.models.registry import resolve_model
 
-    # --interrupt_requests False: the default lets every new request interrupt the running one (anchors.md).
+    # --interrupt_requests False: llama-cpp-python's default lets every new request interrupt the running one.
     argv = [str(venv_dir() / "bin" / "python"), str(HERE / "llama_cpp_launch.py"), "--model", str(resolve_model(model)),
             "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
             "--n_ctx", str(ctx), "--n_batch", "512", "--cache", "True", "--cache_type", "ram",

@@ -3,11 +3,11 @@
     python benchmarks/baselines/vllm_cpu.py install                      # own venv under $WARMPATH_HOME/baselines
     python benchmarks/baselines/vllm_cpu.py serve --port 8002 --threads 2  # OpenAI server, prefix caching on
 
-vLLM runs an HF directory, not the Q4_1 GGUF (anchors.md), so `install` (run it with warmpath's venv,
+vLLM runs an HF directory here rather than the Q4_1 GGUF, so `install` (run it with warmpath's venv,
 whose transformers reads GGUF) also dequantizes the GGUF into $WARMPATH_HOME/baselines/smollm2-hf: fp32
 weights plus tokenizer files, with SmolLM2's digit splitting restored (same ids as warmpath and llama.cpp).
 That is the one model it is set up for (served as `smollm2`). The server runs with tcmalloc and Intel's OpenMP
-preloaded and its OpenMP threads pinned to the first N cores, as vLLM's CPU docs ask (anchors.md); offline()
+preloaded and its OpenMP threads pinned to the first N cores, as vLLM's CPU docs ask; offline()
 runs vllm_speed.py (its `vllm.LLM` API) in that venv with the same environment. Never part of `make test`.
 """
 
@@ -101,7 +101,7 @@ def convert() -> Path:
         del model.config.quantization_config
     model.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-    # transformers' GGUF converter drops SmolLM2's "split digits one by one" step (anchors.md): put it back,
+    # transformers' GGUF converter drops SmolLM2's "split digits one by one" step: put it back,
     # so text prompts (the server rows) tokenize to the same ids as in warmpath and llama.cpp.
     tj = tmp / "tokenizer.json"
     spec = json.loads(tj.read_text())

@@ -166,3 +166,36 @@ def test_another_model_on_the_same_tier_finds_nothing_of_the_first(tiny_long_dir
     assert run(other, prompt[:200])[1:] == (0, 0)  # its own key: the first model's blocks are not its K/V
     other.close()
     assert len({p.parent for p in kept_files(tmp_path)}) == 2
+
+
+def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_long_dir, tmp_path, prompt, reference):
+    """Reading a long prefix back never stalls another developer's stream: while someone decodes, each step reads what
+    a paced step's time allows (step_target_ms over the measured cost of a block), and the others get their token in
+    every one of those steps; the restored request's answer is the same."""
+    engine = first_run(tiny_long_dir, tmp_path, prompt)
+    engine = make(tiny_long_dir, tmp_path, step_target_ms=100.0)
+    other = engine.tokenizer.encode(code_texts(1, 300, 300, seed=5)[0])
+    engine.add_request("other", other, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+    while not engine.requests["other"].output_token_ids:
+        engine.step()
+    engine.add_request("back", prompt, GREEDY)
+    steps, other_tokens, per_step = 0, [], []
+    while not engine.requests["back"].output_token_ids:
+        engine.tier.seconds_per_block = 0.03  # as if a block took 30 ms to read: 3 blocks a 100 ms step
+        engine.scheduler.seconds_per_token = 0.01  # and computing its 16 tokens 160 ms: reading pays
+        before = (engine.requests["back"].num_computed_tokens, len(engine.requests["other"].output_token_ids))
+        engine.step()
+        steps += 1
+        per_step.append(engine.requests["back"].num_computed_tokens - before[0])
+        other_tokens.append(len(engine.requests["other"].output_token_ids) - before[1])
+    full = (len(prompt) - 1) // 16 * 16
+    assert steps >= full // 16 // 3 and max(per_step[:-1]) <= 3 * 16  # paced: 3 blocks a step, then the rest computed
+    assert all(n >= 1 for n in other_tokens)  # the other stream got a token in every step
+    while engine.has_unfinished_requests():
+        engine.step()
+    back = engine.requests.get("back")
+    assert back is None or back.finished
+    engine.close()
+    again = make(tiny_long_dir, tmp_path)
+    assert run(again, prompt, rid="again") == (reference, full, full)
+    again.close()

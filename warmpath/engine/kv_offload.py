@@ -4,6 +4,7 @@ and read back into fresh pool blocks when the scheduler restores a prefix (sched
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ class KVOffload:
         self.tier, self.kv = tier, kv_cache
         self.block_shape = kv_cache[:, :, 0].shape
         self.block_bytes = kv_cache[:, :, 0].numel() * kv_cache.element_size()
+        self.seconds_per_block: float | None = None  # measured as blocks are read back (the scheduler paces by it)
 
     def save(self, block: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
         """BlockPool.on_cached: a block just entered the prefix cache is kept in the tier too (written off this
@@ -43,13 +45,18 @@ class KVOffload:
         return self.tier.has(block_hash)
 
     def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int, ...]]) -> int:
+        t, done = time.perf_counter(), len(blocks)
         for i, (b, h, tokens) in enumerate(zip(blocks, hashes, token_ids, strict=True)):
             payload = self.tier.read(h, tokens, self.block_bytes)
             if payload is None:
-                return i
+                done = i
+                break
             kept = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.kv.dtype).view(self.block_shape)
             self.kv[:, :, b].copy_(kept)
-        return len(blocks)
+        if done:
+            per = (time.perf_counter() - t) / done
+            self.seconds_per_block = per if self.seconds_per_block is None else 0.8 * self.seconds_per_block + 0.2 * per
+        return done
 
     def close(self) -> None:
         self.tier.close()

@@ -38,12 +38,22 @@ HEADER = struct.Struct(f"<{len(MAGIC)}s32s32sIQ32s")
 class KVTier(Protocol):
     """What the scheduler restores from: kv_offload.py's over this DiskTier; the simulator's sim/tier.py."""
 
+    seconds_per_block: float | None  # what reading a block back costs (None: not known yet)
+
     def has(self, block_hash: bytes) -> bool: ...
 
     def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int, ...]]) -> int:
         """Fill these fresh pool blocks with the kept K/V of these hashes, in order; how many it filled (it stops
         at the first block it cannot read: a damaged file is recomputed, never used)."""
         ...
+
+
+def held_in_a_row(tier: KVTier | None, hashes: list[bytes], start: int) -> int:
+    """How many of these block hashes, from `start` on, the tier holds in a row."""
+    n = 0
+    while tier is not None and start + n < len(hashes) and tier.has(hashes[start + n]):
+        n += 1
+    return n
 
 
 @dataclass
@@ -188,6 +198,10 @@ class DiskTier:
 
     # -- the writer thread ----------------------------------------------------------------------------------
     def _write_loop(self) -> None:
+        try:  # the lowest CPU priority (Linux: per thread): on 2 cores, writing must not slow the steps
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         while True:
             h = self._writes.get()
             if h is None:

@@ -115,6 +115,7 @@ class Request:
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     num_tier_tokens: int = 0  # of those, read back from the KV tier
+    restoring: bool = False  # in its first admission, nothing computed yet: blocks read from the KV tier count as hits
     num_preemptions: int = 0
     num_sent_tokens: int = 0  # outputs already reported by Engine.step()
     finish_reason: FinishReason | None = None

@@ -13,7 +13,7 @@ from collections import deque
 
 from warmpath.config import SchedulerConfig
 from warmpath.engine.block_pool import BlockPool
-from warmpath.engine.kv_tier import KVTier
+from warmpath.engine.kv_tier import KVTier, held_in_a_row
 from warmpath.engine.request import FinishReason, Request, RequestMetrics, RequestStatus, SamplingParams
 from warmpath.engine.step_plan import ScheduledChunk, SchedulerOutput, SchedulerStats
 
@@ -36,6 +36,7 @@ class Scheduler:
         self.latency_chunk: int | None = None  # a prompt chunk's most tokens while others are in (None: budget)
         self.quick_seen: dict[str | None, float] = {}  # session -> when a quick request of it came
         self.tier: KVTier | None = None  # blocks evicted from the pool, or from before a restart
+        self._restore_left, self._tier_pays = 0, True  # blocks this step may still read back; whether reading pays
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         """A step's measured time. From steps of 32+ tokens: what a token costs on this machine and model, and so
@@ -162,11 +163,21 @@ class Scheduler:
         # admitted, so a keystroke is not starved behind it.
         admissible = len(self.running) < self.config.max_num_seqs and any(not r.warmup for r in self.waiting)
         reserve = min(chunk, budget // 2) if chunk is not None and admissible else 0
+        # Reading a prefix back from the KV tier, where that is cheaper than computing it (a fast accelerator may
+        # compute faster than its disk reads): while others are quick, as much as a paced step's time allows.
+        per_block = getattr(self.tier, "seconds_per_block", None)
+        self._tier_pays = per_block is None or self.seconds_per_token is None or \
+            per_block < self.block_size * self.seconds_per_token
+        self._restore_left = len(self.pool.free_queue) if not (quick and per_block) else \
+            max(1, int(self.config.step_target_ms / 1000 / per_block))
 
         # 1. Running requests: one decode token each, or the next chunk of an unfinished prefill.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.restoring and not req.warmup and self._from_tier(req):  # the tier holds more: read next step
+                i += 1
+                continue
             left = req.num_tokens - req.num_computed_tokens
             if req.warmup or (left > 1 and budget <= reserve):  # warm-ups after everyone else (3.)
                 i += 1
@@ -175,6 +186,7 @@ class Scheduler:
             drafts = self._drafts(req, n, budget)
             if not self._grow(req, n + drafts, out):
                 break  # req itself was preempted (it was the newest): nothing after it runs either
+            req.restoring = False
             out.chunks.append(ScheduledChunk(req, n + drafts, req.num_computed_tokens + n == req.num_tokens, drafts))
             budget -= n + drafts
             i += 1
@@ -195,7 +207,7 @@ class Scheduler:
                     break  # head of line does not fit yet: keep FCFS order, wait for blocks
                 self.finish(warm, FinishReason.ABORT)  # a warm-up's blocks go back before anyone waits for them
                 continue
-            budget -= out.chunks[-1].num_tokens
+            budget -= out.chunks[-1].num_tokens if out.chunks and out.chunks[-1].request is req else 0
 
         # 3. Warm-ups, with what is left: the running ones, then one more admitted. None in a step that preempted.
         for req in [r for r in self.running if r.warmup]:
@@ -272,42 +284,56 @@ class Scheduler:
         # At least the last token is always computed: its logits give the next token.
         usable = req.block_hashes[: (req.num_tokens - 1) // self.block_size]
         hit = self.pool.find_cached_prefix(tokens, usable)
-        kept = 0  # the blocks after the hit that the tier holds: read back, not computed
-        while self.tier is not None and len(hit) + kept < len(usable) and self.tier.has(usable[len(hit) + kept]):
-            kept += 1
+        chain = held_in_a_row(self.tier, usable, len(hit)) if self._tier_pays else 0
+        kept = min(chain, self._restore_left)  # read back now; the rest of the chain in the next steps
         num_cached = (len(hit) + kept) * self.block_size
-        n = min(req.num_tokens - num_cached, budget)
+        n = 0 if kept < chain else min(req.num_tokens - num_cached, budget)
         need = self._blocks_for(num_cached + n) - len(hit)
         if need > self.pool.num_free - self.pool.num_evictable_among(hit):
             return False
         self.pool.touch(hit)
-        fresh = self.pool.allocate(need)
-        restored = 0
-        if kept:
-            bs, first = self.block_size, len(hit)
-            restored = self.tier.restore(fresh[:kept], usable[first:first + kept],
-                                         [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(first, first + kept)])
-            if restored < kept:  # from the first block it could not read on, computed
-                num_cached = (len(hit) + restored) * bs
-                n = min(req.num_tokens - num_cached, budget)
-                keep = self._blocks_for(num_cached + n) - len(hit)
-                self.pool.free(fresh[keep:])
-                fresh = fresh[:keep]
-        req.block_ids = hit + fresh
-        req.num_computed_tokens = num_cached
-        req.num_registered_blocks = len(hit)  # restored blocks are entered in the pool's cache after this step
+        req.block_ids, req.num_registered_blocks = hit, len(hit)
+        req.num_computed_tokens = len(hit) * self.block_size
         if req.num_cached_tokens < 0:  # first admission: what the prefix cache saved this prompt
-            req.num_cached_tokens = num_cached
-            req.num_tier_tokens = restored * self.block_size
+            req.num_cached_tokens, req.restoring = req.num_computed_tokens, True
             if not req.warmup:
                 self.stats.prefix_cache_queried_tokens += req.num_tokens
-                self.stats.prefix_cache_hit_tokens += len(hit) * self.block_size
-                self.stats.prefix_cache_tier_hit_tokens += restored * self.block_size
+                self.stats.prefix_cache_hit_tokens += req.num_computed_tokens
+        more = self._from_tier(req) if kept else False
         (self.waiting if queue is None else queue).popleft()
         self.running.append(req)
         req.status = RequestStatus.RUNNING
-        out.chunks.append(ScheduledChunk(req, n, num_cached + n == req.num_tokens))
-        return True
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
+        if not more and need <= self.pool.num_free:  # (restored blocks enter the pool's cache after the step)
+            req.block_ids += self.pool.allocate(need)
+            req.restoring = False
+            out.chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
+        return True  # else it reads on, or computes from a bad block on, in the next step's running requests
+
+    def _from_tier(self, req: Request) -> bool:
+        """Read the blocks after req's computed ones that the KV tier holds into fresh blocks, as many as this step
+        allows (a block it cannot read is computed from there on); whether the tier holds more, to read next step."""
+        bs, start = self.block_size, req.num_computed_tokens // self.block_size
+        if req.num_computed_tokens % bs or len(req.block_ids) != start:
+            return False
+        usable = req.block_hashes[: (req.num_tokens - 1) // bs]
+        chain = held_in_a_row(self.tier, usable, start) if self._tier_pays else 0
+        take = min(chain, self._restore_left, self.pool.num_free)
+        if take == 0:
+            return chain > 0 and self._restore_left == 0
+        fresh, tokens = self.pool.allocate(take), req.all_token_ids
+        got = self.tier.restore(fresh, usable[start:start + take],
+                                [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(start, start + take)])
+        self.pool.free(fresh[got:])
+        req.block_ids += fresh[:got]
+        req.num_computed_tokens += got * bs
+        self._restore_left -= got
+        if req.restoring:
+            req.num_cached_tokens += got * bs
+            req.num_tier_tokens += got * bs
+            self.stats.prefix_cache_tier_hit_tokens += 0 if req.warmup else got * bs
+        return got == take < chain
 
     # -- after the model ran ---------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: list[list[int]]) -> list[Request]:

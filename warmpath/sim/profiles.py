@@ -54,7 +54,7 @@ def _cpu_smollm2() -> Profile:
         memory_bytes=int(1.5 * GIB), cost={"float32": fp32, "bfloat16": fp32, "int8": int8},
         default_dtype="float32", max_num_batched_tokens=512,
         working_bytes=working_bytes(SMOLLM2, 512, 64), model_spec="smollm2", calibrate_dtype="float32",
-        sources={"model": "SmolLM2-135M-Instruct GGUF metadata (anchors.md); the bundled file's Q4_1 matrices and "
+        sources={"model": "SmolLM2-135M-Instruct GGUF metadata; the bundled file's Q4_1 matrices and "
                           "Q8_0 embedding",
                  "cost": "fitted to the real engine" + ("" if load_calibration("cpu-smollm2") else
                                                          f" on {CPU_SMOLLM2_MEASURED} (built-in)"),
