@@ -189,11 +189,14 @@ class AsyncEngine:
 
     # -- step thread -----------------------------------------------------------------------------------
     def _drain_commands(self) -> None:
+        """Take in the queued commands, then publish the snapshot: a request leaves _queued only once the snapshot
+        that counts it in the scheduler is out, so estimate_wait never misses it in between."""
+        added = []
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
             if isinstance(cmd, _Add):
                 try:
                     self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.session_id,
@@ -201,17 +204,19 @@ class AsyncEngine:
                     self._streams[cmd.request_id] = cmd
                 except Exception as e:  # validated already; anything left goes back to its caller
                     cmd.loop.call_soon_threadsafe(cmd.stream.put_nowait, e)
-                self._queued.pop(cmd.request_id, None)  # in the scheduler now (counted there), or refused
+                added.append(cmd.request_id)  # in the scheduler now (counted there), or refused
             elif isinstance(cmd, _WarmUp):
                 self.engine.warm_up(cmd.request_id, cmd.prompt_token_ids, cmd.session_id, cmd.cache_salt)
             else:
                 self.engine.abort(cmd.request_id)
+        self.snapshot = EngineSnapshot.of(self.engine)
+        for request_id in added:
+            self._queued.pop(request_id, None)
 
     def _run(self) -> None:
         try:
             while not self._stop:
                 self._drain_commands()
-                self.snapshot = EngineSnapshot.of(self.engine)
                 if not self.engine.has_unfinished_requests():
                     self._wake.wait()
                     self._wake.clear()
