@@ -3,7 +3,8 @@ infilling, pass@1 of greedy FIM completions run against the tests) against `warm
 machine chooses, with the exact fp32 torch path, and against llama.cpp's `llama-server` on the same file (when
 built: `python benchmarks/baselines/llama_server.py install`) with the same FIM prompt written out, and through
 its /infill as llama.vim gets it (llama.cpp's repo-level prompt, `<|repo_name|>myproject` ...) (issue 29, point
-6); each FIM layout (api/fim.py: anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33).
+6); each FIM layout (api/fim.py: anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33); the
+int8 KV cache against the default bf16 one (issue 30: `--configs default,kv-int8`).
 
     python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
 """
@@ -81,6 +82,8 @@ def main() -> None:
     # key: (row name, server command, eval protocol, more `warmpath eval` flags)
     configs = {
         "default": ("warmpath default plan (anchored FIM layout)", [WARMPATH, "serve", "--model", model], "openai", ()),
+        "kv-int8": ("warmpath default plan, --kv-cache-dtype int8", [WARMPATH, "serve", "--model", model,
+                                                                     "--kv-cache-dtype", "int8"], "openai", ()),
         "cursor": ("warmpath default plan, --fim-layout cursor", [WARMPATH, "serve", "--model", model,
                                                                   "--fim-layout", "cursor"], "openai", ()),
         "fp32": ("warmpath fp32 (torch, the file's exact values)", [WARMPATH, "serve", "--model", model, "--plan",

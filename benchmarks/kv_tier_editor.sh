@@ -2,7 +2,9 @@
 # Issue 30's editor bench with idle gaps: developers type, leave for ~30 minutes (compressed by --rate) and come back
 # to the same files, while the others' files fill a RAM pool too small for everyone. One trace against two fresh
 # servers on the same model, one after the other: the KV tier on disk on, and off.
-# Usage: MODEL=qwen2.5-coder-0.5b DEVELOPERS=8 BLOCKS=400 benchmarks/kv_tier_editor.sh [extra `warmpath bench` flags]
+# Usage: MODEL=qwen2.5-coder-0.5b DEVELOPERS=8 BLOCKS=400 [TIER_BYTES=4GiB] benchmarks/kv_tier_editor.sh [extra
+# `warmpath bench` flags]. The simulator's answer to check it against: `warmpath simulate --profile cpu-<model>
+# --developers N --duration 240 --rate 30 --seed 3 --num-kv-blocks BLOCKS --sweep kv-tier`.
 # Writes benchmarks/results/kv_tier_editor_${TAG}.json (TAG defaults to the model and the developers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,7 @@ serve() { local port=$1; shift
   $BIN/warmpath serve --model "$MODEL" --num-threads "$THREADS" --num-kv-blocks "${BLOCKS:-400}" --port "$port" "$@" \
     >"$logs/$port.log" 2>&1 &
   pids+=($!); }
-serve 8320 --kv-offload-dir "$tier"
+serve 8320 --kv-offload-dir "$tier" --kv-offload-bytes "${TIER_BYTES:-4GiB}"
 serve 8321
 for port in 8320 8321; do
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break; sleep 0.5; done

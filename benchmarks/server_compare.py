@@ -4,10 +4,11 @@ rows): cold prefill of 512 / 2,000 tokens (time to the first token of a fresh wi
 512-token prompt, greedy, `ignore_eos`), and 4 / 16 concurrent streams (256-token prompts, 64 tokens each:
 aggregate tokens/s). Each server runs alone, with every core; llama-server at its serving settings (continuous
 batching, prompt cache, one unified KV buffer, slots for 16); warmpath as `warmpath serve` ships, plus its decode
-with speculation off (the row that compares the kernels).
+with speculation off (the row that compares the kernels); `--systems warmpath,kv-int8,llama.cpp` adds the int8 KV
+cache (issue 30).
 
     python benchmarks/baselines/llama_server.py install       # once
-    python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--out benchmarks/results/...]
+    python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] [--out ...]
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--systems", default="warmpath,speculation-off,llama.cpp",
+                    help="of warmpath, speculation-off, kv-int8 (the int8 KV cache), llama.cpp")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     model, threads = str(resolve_model(args.model)), str(os.cpu_count() or 2)
@@ -110,15 +113,19 @@ def main() -> None:
                "decode": [next(pool)[:DECODE_CTX] for _ in range(r)]}
     conc = [w[i * CONC_PROMPT:(i + 1) * CONC_PROMPT] for w in pool for i in range(8)]
     windows["conc4"], windows["conc16"] = conc[:4 * r], conc[4 * r:4 * r + 16 * r]
+    warmpath = [WARMPATH, "serve", "--model", model, "--num-threads", threads]
     systems = {
-        "warmpath": [WARMPATH, "serve", "--model", model, "--num-threads", threads],
-        "warmpath, speculation off": [WARMPATH, "serve", "--model", model, "--num-threads", threads,
-                                      "--speculative-method", "none"],
+        "warmpath": warmpath,
+        "warmpath, speculation off": [*warmpath, "--speculative-method", "none"],
+        "warmpath, int8 KV": [*warmpath, "--kv-cache-dtype", "int8"],
         "llama.cpp llama-server": [str(llama_server_binary()), "--model", model, "--host", "127.0.0.1",
                                    "--threads", threads, "--threads-batch", threads, "--ctx-size", str(16 * 2600),
                                    "--parallel", "16", "--kv-unified", "--cont-batching", "--cache-prompt",
                                    "--no-webui"],
     }
+    keys = {"warmpath": "warmpath", "speculation-off": "warmpath, speculation off", "kv-int8": "warmpath, int8 KV",
+            "llama.cpp": "llama.cpp llama-server"}
+    systems = {keys[k]: systems[keys[k]] for k in args.systems.split(",")}
     results = {}
     for name, cmd in systems.items():
         port = free_port()
@@ -135,8 +142,8 @@ def main() -> None:
     print("|---" * (len(results) + 2) + "|")
     for row in base:
         vals = " | ".join(f"{res[row]:.3f}" for res in results.values())
-        best = max(results["warmpath"][row], results["warmpath, speculation off"][row]) if row.endswith("tps") \
-            else min(results["warmpath"][row], results["warmpath, speculation off"][row])
+        ours = [res[row] for name, res in results.items() if name.startswith("warmpath")]
+        best = max(ours) if row.endswith("tps") else min(ours)
         ratio = best / base[row] if row.endswith("tps") else base[row] / best
         print(f"| {row} | {vals} | {ratio:.2f}x |")
     if args.out:

@@ -72,14 +72,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
           f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
           f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens "
-          f"({str(engine.kv_dtype).removeprefix('torch.')}), kernel: {kernel}", flush=True)
+          f"({engine.kv_dtype_name}), kernel: {kernel}", flush=True)
     kv_bytes = engine.stats()["kv_cache_bytes"]
     print(f"memory: weights {engine.weight_bytes / 2**20:.0f} MiB + KV {kv_bytes / 2**20:.0f} MiB "
           f"(~{engine.pool.num_blocks * cfg.block_size / 4096:.1f} warm 4k-token sessions)"
           + (f", budget {cfg.memory_budget}" if cfg.memory_budget else "")
           + f"; speculative decoding: {cfg.speculative_method}", flush=True)
     if engine.tier is not None:
-        disk, per_4k = engine.tier.tier, m.kv_bytes_per_token(engine.kv_dtype.itemsize) * 4096
+        disk, per_4k = engine.tier.tier, m.kv_bytes_per_token(engine.kv_dtype_name) * 4096
         print(f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} of {disk.max_bytes / 2**20:.0f} MiB used "
               f"(~{disk.max_bytes / per_4k:.0f} warm 4k-token sessions on disk)", flush=True)
     app = create_app(engine, server)

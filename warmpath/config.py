@@ -13,6 +13,9 @@ def warmpath_home() -> Path:
     return Path(os.environ.get("WARMPATH_HOME", Path.home() / ".cache" / "warmpath"))
 
 
+KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}  # the KV cache dtypes
+
+
 @dataclass
 class ModelConfig:
     """Shape of a Llama-family decoder, read from a checkpoint (GGUF metadata or HF config.json)."""
@@ -31,8 +34,11 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, kv_dtype: str) -> int:
+        """K and V of every layer and KV head for one token, in a cache of kv_dtype (an int8 row also holds its
+        fp16 scale: models/kv_quant.py)."""
+        row = self.head_dim * KV_ELEMENT_BYTES[kv_dtype] + (2 if kv_dtype == "int8" else 0)
+        return 2 * self.num_layers * self.num_kv_heads * row
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,9 @@ class EngineConfig:
     # One budget for resident weights + the largest step's working buffers + KV (e.g. "2GiB"): the KV pool is what
     # is left (models/footprint.py; `warmpath simulate` counts the same way). Replaces kv_cache_memory when set.
     memory_budget: str | None = None
-    kv_cache_dtype: str = "auto"  # the cache's own dtype: auto (the model's) | float32 | bfloat16 | float16
+    # The cache's own dtype: auto (the model's; 16-bit under a plan) | float32 | bfloat16 | float16 | int8 (a scale
+    # per token and KV head: ~2x the sessions of bf16 in the same memory, only where asked for)
+    kv_cache_dtype: str = "auto"
     # A disk tier for the KV cache (engine/kv_tier.py): every cached prefix block is also written here, so one
     # evicted from RAM, or lost to a restart, is read back instead of computed. Off when unset.
     kv_offload_dir: str | None = None

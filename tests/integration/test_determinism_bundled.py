@@ -1,6 +1,7 @@
 """A user expects `temperature: 0` to repeat: through `warmpath serve` on the bundled model, with each
-deterministic plan, the same 40 real-code prompts give the same text at concurrency 8 with a cold cache, at
-concurrency 1 with every prefix warm, and at concurrency 8 warm (batch composition and cache state both move)."""
+deterministic plan (and over the int8 KV cache), the same 40 real-code prompts give the same text at concurrency 8
+with a cold cache, at concurrency 1 with every prefix warm, and at concurrency 8 warm (batch composition and cache
+state both move)."""
 
 import asyncio
 import inspect
@@ -36,12 +37,12 @@ async def complete_all(url: str, prompts: list[str], concurrency: int) -> list[s
         return await asyncio.gather(*(one(p) for p in prompts))
 
 
-@pytest.mark.parametrize("plan", DETERMINISTIC)
-def test_greedy_text_repeats_whatever_the_batch_and_the_cache(plan):
+@pytest.mark.parametrize(("plan", "kv_dtype"), [*((p, "auto") for p in DETERMINISTIC), ("native-int8", "int8")])
+def test_greedy_text_repeats_whatever_the_batch_and_the_cache(plan, kv_dtype):
     if plan == "native-int8-bf16attn" and not bf16_attention():
         pytest.skip("no bf16 attention on this CPU (AMX or AVX512-BF16)")
     prompts = real_code_prompts()
-    with serve_process("--plan", plan) as (url, _):
+    with serve_process("--plan", plan, "--kv-cache-dtype", kv_dtype) as (url, _):
         cold8 = asyncio.run(complete_all(url, prompts, 8))
         warm1 = asyncio.run(complete_all(url, prompts, 1))
         warm8 = asyncio.run(complete_all(url, list(reversed(prompts)), 8))[::-1]

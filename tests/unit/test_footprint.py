@@ -27,7 +27,7 @@ def test_the_kv_pool_is_what_the_budget_leaves():
 def test_the_engine_sizes_its_pool_from_the_budget(tiny_llama_dir):
     small = LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", memory_budget="8MiB").engine
     large = LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", memory_budget="16MiB").engine
-    per_block = small.model_config.kv_bytes_per_token(4) * small.config.block_size
+    per_block = small.model_config.kv_bytes_per_token("float32") * small.config.block_size
     assert (large.pool.num_blocks - small.pool.num_blocks) * per_block == pytest.approx(8 << 20, abs=per_block)
     with pytest.raises(ValueError, match="leaves no room"):
         LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", memory_budget="1KiB")

@@ -1,10 +1,13 @@
 """The KV cache has a dtype of its own (EngineConfig.kv_cache_dtype): a 16-bit cache holds twice the tokens in
-the same memory, K/V are rounded to it as they are written, and the model still computes in its own dtype."""
+the same memory, an int8 one nearly twice that again, K/V are rounded (or quantized) to it as they are written, and
+the model still computes in its own dtype."""
 
 import pytest
 import torch
 
 from warmpath import LLM, SamplingParams
+from warmpath.config import ModelConfig
+from warmpath.models import kv_quant
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
@@ -40,3 +43,28 @@ def test_a_native_plan_holds_twice_the_blocks_of_the_fp32_native_path_and_report
     stats = planned.stats()
     assert stats["weight_bytes"] == planned.runner.native.weight_bytes  # no torch model beside the kernel
     assert stats["kv_cache_bytes"] <= 1 << 22 and fp32.stats()["weight_bytes"] > stats["weight_bytes"]
+
+
+def test_an_int8_cache_on_the_torch_path(tiny_llama_dir):
+    """int8 rows with their scale: the blocks the byte budget pays for, K/V stored as kv_quant writes them, the
+    first tokens of an fp32 cache's answer, and a warm request reading the quantized blocks gets the same tokens."""
+    exact = LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", kv_cache_memory=1 << 22)
+    small = LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", kv_cache_memory=1 << 22, kv_cache_dtype="int8")
+    cfg, kv = small.engine.model_config, small.engine.runner.kv_cache
+    assert kv.dtype == torch.int8 and kv.shape[-1] == cfg.head_dim + 2
+    per_block = cfg.kv_bytes_per_token("int8") * small.config.block_size
+    assert small.engine.pool.num_blocks == (1 << 22) // per_block and kv.numel() == small.engine.pool.num_blocks * \
+        per_block
+    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+    a, b = exact.generate(prompt, GREEDY)[0], small.generate(prompt, GREEDY)[0]
+    assert b.token_ids[:4] == a.token_ids[:4]
+    assert small.generate(prompt, GREEDY)[0].token_ids == b.token_ids
+    written = kv[0, 0].view(-1, cfg.num_kv_heads, cfg.head_dim + 2)[: len(b.prompt_token_ids)]
+    assert torch.equal(kv_quant.quantize(kv_quant.dequantize(written)), written)  # well-formed rows
+
+
+@pytest.mark.parametrize(("layers", "head_dim", "ratio"), [(24, 64, 1.93), (28, 128, 1.96)])
+def test_int8_holds_about_twice_the_bf16_blocks_on_the_coder_models(layers, head_dim, ratio):
+    """Qwen2.5-Coder-0.5B (24 layers, head_dim 64) and -1.5B (28, 128), 2 KV heads: the scale costs 2 bytes a row."""
+    cfg = ModelConfig("qwen2", 151936, 896, 4864, layers, 14, 2, head_dim)
+    assert cfg.kv_bytes_per_token("bfloat16") / cfg.kv_bytes_per_token("int8") > ratio

@@ -18,6 +18,7 @@ from warmpath import LLM, SamplingParams
 from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
 from warmpath.kernels import build, native
 from warmpath.kernels.native import NativeForward, NativeKernelError, matmul
+from warmpath.models import kv_quant
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
@@ -211,7 +212,7 @@ def test_a_sequence_gets_the_same_logits_whatever_it_is_batched_with(tmp_path, a
 
 
 @pytest.mark.parametrize(("activations", "kv_dtype"), [("fp32", "float32"), ("int8", "float32"),
-                                                       ("fp32", "bfloat16")])
+                                                       ("fp32", "bfloat16"), ("fp32", "int8")])
 def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, tmp_path, activations, kv_dtype):
     """Prompts admitted while others decode: steps carry prompt chunks over long contexts (torch with fp32
     activations, the kernel with int8: a GGUF with Q4_1 / Q8_0 blocks) beside short prompts' chunks and decodes
@@ -400,17 +401,37 @@ def three_steps(kernel: NativeForward) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("dtype", KV16)
-def test_a_16bit_kv_cache(tmp_path, dtype, kernel_build):
-    """K/V written rounded as torch rounds them (layer 0's: the same fp32 values in both runs; later layers see a
-    rounded context), logits close to the fp32 cache's, and a sequence's logits whatever it is batched with."""
+def test_int8_kv_rows_are_the_torch_paths_bytes(kernel_build):
+    """An int8 row as models/kv_quant.py writes it (the torch path's): the fp16 scale's rounding, values exactly
+    half a step apart (round half to even), all-zero rows, rows whose largest value sets the scale."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 64, generator=g) * torch.rand(3000, 1, generator=g) * 50
+    x[0], x[1] = 0.0, 1e-9
+    x[2:100] = (torch.randint(-126, 126, (98, 64), generator=g) + 0.5) * 0.25  # ties at a scale of exactly 0.25
+    x[2:100, 0] = 31.75
+    got = native.store_kv(x, torch.int8)
+    assert got.shape == (3000, 66) and torch.equal(got, kv_quant.quantize(x))
+    assert (got[2:100, 1:64].abs() % 2 == 0).all()  # every tie went to the even value
+    assert (kv_quant.dequantize(got) - x).abs().max() <= x.abs().amax() / 127 * 0.51
+
+
+@pytest.mark.parametrize("dtype", [*KV16, torch.int8])
+def test_a_16_or_8_bit_kv_cache(tmp_path, dtype, kernel_build):
+    """K/V written rounded as torch rounds them, int8 quantized as the torch path quantizes them (layer 0's: the
+    same fp32 values in both runs; later layers see a rounded context), logits close to the fp32 cache's, and a
+    sequence's logits whatever it is batched with."""
     ckpt, (k32, k16) = tiny_gguf_kernels(tmp_path, torch.float32, dtype)
     ref, got = three_steps(k32), three_steps(k16)
     assert k16.kv_cache.dtype == dtype and k16.kv_cache[0].abs().sum() > 0
-    assert torch.equal(k16.kv_cache[0].view(torch.int16), k32.kv_cache[0].to(dtype).view(torch.int16))
-    assert not torch.equal(k16.kv_cache.float(), k32.kv_cache)
+    if dtype == torch.int8:
+        assert torch.equal(k16.kv_cache[0], kv_quant.quantize(k32.kv_cache[0]))
+        assert not torch.equal(kv_quant.dequantize(k16.kv_cache), k32.kv_cache)
+    else:
+        assert torch.equal(k16.kv_cache[0].view(torch.int16), k32.kv_cache[0].to(dtype).view(torch.int16))
+        assert not torch.equal(k16.kv_cache.float(), k32.kv_cache)
+    bound = 0.04 if dtype == torch.int8 else 0.02  # int8 rows: 1/254 of a row's largest value; bf16: 2^-9 of each
     for a, b in zip(got, ref, strict=True):
-        assert (a - b).abs().max() < 0.02 * b.abs().max()
+        assert (a - b).abs().max() < bound * b.abs().max()
         assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
     before = k16.kv_cache.clone()
     decodes = [([p[-1]], len(p) - 1, t) for p, t in (step_inputs(n, 16 * i) for i, n in enumerate((40, 3, 150, 17)))]

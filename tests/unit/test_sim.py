@@ -247,7 +247,7 @@ def test_code_model_profiles_have_the_files_shape_and_a_fit(name):
         pytest.skip(f"{p.model_spec} not fetched")
     got = read_config(read_gguf(path))
     # the profile's shape is the file's: the KV bytes and the working buffers the simulator counts follow from it
-    assert p.model.kv_bytes_per_token(2) == got.kv_bytes_per_token(2)
+    assert p.model.kv_bytes_per_token("bfloat16") == got.kv_bytes_per_token("bfloat16")
     assert (p.model.hidden_size, p.model.intermediate_size, p.model.num_layers, p.model.vocab_size) == \
         (got.hidden_size, got.intermediate_size, got.num_layers, got.vocab_size)
     assert p.weight_bytes["q4_k_m"] <= 1.05 * path.stat().st_size  # the kernel reads the file's own blocks
@@ -339,3 +339,15 @@ def test_simulate_answers_how_big_a_kv_tier(tmp_path, capsys):
     runs = json.loads(out.read_text())["runs"]
     assert runs["no tier"]["tier_hit_rate"] == 0 and runs["tier 8 GiB"]["tier_hit_rate"] > 0
     assert runs["tier 8 GiB"]["prefix_hit_rate"] > runs["no tier"]["prefix_hit_rate"]
+
+
+def test_simulate_with_an_int8_kv_cache_holds_twice_the_blocks(capsys):
+    """`--kv-cache-dtype int8`: the same memory budget, the engine's own accounting (a scale per row)."""
+    blocks = {}
+    for kv in ("bfloat16", "int8"):
+        assert main(["simulate", "--profile", "h100-llama3-8b", "--sessions", "2", "--duration", "60",
+                     "--tokenizer", "chars", "--kv-cache-dtype", kv]) == 0
+        blocks[kv] = int(capsys.readouterr().err.split(" KV blocks")[0].rsplit(" ", 1)[-1])
+    profile = get_profile("h100-llama3-8b")
+    assert blocks["bfloat16"] == profile.num_kv_blocks()
+    assert 1.9 < blocks["int8"] / blocks["bfloat16"] < 2

@@ -54,7 +54,7 @@ def native_forward(config: EngineConfig, ckpt, dtype: torch.dtype, kv_dtype: tor
     if config.kernel == "auto" and not (config.device == "cpu" and dtype == torch.float32):
         return None
     if config.device != "cpu" or kv_dtype not in KV_TYPES:
-        raise ValueError(f"kernel=native needs the CPU and a float32, bfloat16 or float16 KV cache; got "
+        raise ValueError(f"kernel=native needs the CPU and a float32, bfloat16, float16 or int8 KV cache; got "
                          f"{kv_dtype} on {config.device}")
     activations = config.kernel_activations
     if activations == "auto":

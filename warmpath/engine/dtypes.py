@@ -19,10 +19,10 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's own dtype; "auto": the model's."""
+    """The KV cache's own dtype; "auto": the model's (never int8: that is chosen only by name)."""
     if name == "auto":
         return model_dtype
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
     if name not in dtypes:
-        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16; got {name!r}")
+        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16, float16 or int8; got {name!r}")
     return dtypes[name]

@@ -87,11 +87,16 @@ class Engine:
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         # Under a plan every backend shares one 16-bit cache (half the bytes per token of fp32).
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, torch.bfloat16 if self.plan else self.dtype)
+        self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")  # config.KV_ELEMENT_BYTES' names
         if self.plan is not None:
             native = None
             if self.plan.native is not None:
+                options = native_options(self.plan.native)
+                if self.kv_dtype == torch.int8 and options["attention"] == "bf16" and config.plan != self.plan.native:
+                    log.info("int8 KV cache: the plan's native attention computes in fp32 (bf16's reads a bf16 cache)")
+                    options["attention"] = "fp32"
                 native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
-                                       **native_options(self.plan.native), source=ckpt.source)
+                                       **options, source=ckpt.source)
         else:
             native = native_forward(config, ckpt, self.dtype, self.kv_dtype)
         del ckpt  # the kernel keeps its own copies of what it reads
@@ -118,7 +123,7 @@ class Engine:
             self.pool.on_cached, self.scheduler.tier = self.tier.save, self.tier
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
-                 str(self.kv_dtype).removeprefix("torch."), blocks * config.block_size / 4096)
+                 self.kv_dtype_name, blocks * config.block_size / 4096)
         self.speculator = None if config.speculative_method == "none" else \
             Speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.requests: dict[str, Request] = {}
@@ -128,7 +133,7 @@ class Engine:
     def _kv_blocks(self, config: EngineConfig) -> int:
         """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and the largest
         step's working buffers (models/footprint.py, the simulator's accounting too); else kv_cache_memory."""
-        per_block = self.model_config.kv_bytes_per_token(self.kv_dtype.itemsize) * config.block_size
+        per_block = self.model_config.kv_bytes_per_token(self.kv_dtype_name) * config.block_size
         if config.num_kv_blocks or not config.memory_budget:
             return num_kv_blocks(config, self.model_config, self.kv_dtype)
         working = working_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)

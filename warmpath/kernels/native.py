@@ -3,7 +3,7 @@ first use, called via ctypes.
 
 NativeForward holds the model's weights as the checkpoint stores them (GGUF Q4_1 / Q8_0 blocks, models/quant.py;
 fp32 for anything else), its own copies of them, independent of any torch model, and computes the sequences of a
-step it is given in one call, over the same paged KV cache (fp32, bf16 or fp16) the torch path uses. Which
+step it is given in one call, over the same paged KV cache (fp32, bf16, fp16 or int8) the torch path uses. Which
 sequences those are is the runner's decision (engine/runner.py, route()).
 """
 
@@ -22,12 +22,13 @@ from warmpath.kernels.build import NativeKernelError, build_library
 from warmpath.kernels.packed_cache import PackedCache, PackedMatrix, cache_path
 from warmpath.kernels.packing import KINDS, pack
 from warmpath.models.kernel_blocks import for_fp32_activations
+from warmpath.models.kv_quant import row_width
 from warmpath.models.llama import rope_table
 from warmpath.models.quant import FILE_KINDS, QuantizedMatrix, concat_rows
 
 log = logging.getLogger(__name__)
 
-KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu/common.h WP_KV_*
+KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}  # cpu/common.h WP_KV_*
 
 
 class Matrix(ctypes.Structure):
@@ -83,7 +84,7 @@ def _load_library(out: Path) -> ctypes.CDLL:
     lib.wp_bf16_attention.restype = ctypes.c_int
     lib.wp_bf16_attention.argtypes = []
     lib.wp_store_kv.restype = None
-    lib.wp_store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.wp_store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.wp_matrix_rows.restype = None
     lib.wp_matrix_rows.argtypes = [ctypes.POINTER(Matrix), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     return lib
@@ -138,10 +139,10 @@ def int8_activations(q: QuantizedMatrix, activations: str) -> bool:
 
 
 def store_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x (fp32) as the kernel writes it into a KV cache of dtype (for tests of its rounding)."""
+    """x (fp32, [..., head_dim]) as the kernel writes its rows into a KV cache of dtype (tests of its rounding)."""
     x = x.float().contiguous()
-    out = torch.empty(x.shape, dtype=dtype)
-    load_library().wp_store_kv(out.data_ptr(), x.data_ptr(), x.numel(), KV_TYPES[dtype])
+    out = torch.empty((*x.shape[:-1], row_width(x.shape[-1], dtype)), dtype=dtype)
+    load_library().wp_store_kv(out.data_ptr(), x.data_ptr(), x[..., 0].numel(), x.shape[-1], KV_TYPES[dtype])
     return out
 
 
@@ -294,9 +295,10 @@ class NativeForward:
         """The cache the forward pass reads and writes (the engine sizes it after the weights are resident)."""
         cfg = self.config
         if kv_cache.dtype not in KV_TYPES or kv_cache.device.type != "cpu":
-            raise NativeKernelError(f"the native kernel needs a float32, bfloat16 or float16 KV cache on the CPU; "
-                                    f"got {kv_cache.dtype} on {kv_cache.device}")
-        shape = (cfg.num_layers, 2, kv_cache.shape[2], self.block_size, cfg.num_kv_heads, cfg.head_dim)
+            raise NativeKernelError(f"the native kernel needs a float32, bfloat16, float16 or int8 KV cache on the "
+                                    f"CPU; got {kv_cache.dtype} on {kv_cache.device}")
+        shape = (cfg.num_layers, 2, kv_cache.shape[2], self.block_size, cfg.num_kv_heads,
+                 row_width(cfg.head_dim, kv_cache.dtype))
         if tuple(kv_cache.shape) != shape or not kv_cache.is_contiguous():
             raise NativeKernelError(f"KV cache of shape {tuple(kv_cache.shape)}, expected a contiguous {shape}")
         self.kv_cache = kv_cache

@@ -8,13 +8,14 @@ import numpy as np
 import torch
 
 from warmpath.config import EngineConfig, ModelConfig
+from warmpath.models.kv_quant import row_width
 
 log = logging.getLogger(__name__)
 
 
 def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
     """Blocks from num_kv_blocks, else from the kv_cache_memory byte budget. Logs what it chose."""
-    per_token = model.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
+    per_token = model.kv_bytes_per_token(str(dtype).removeprefix("torch."))
     per_block = per_token * engine.block_size
     blocks = engine.num_kv_blocks or max(1, engine.kv_cache_memory // per_block)
     tokens = blocks * engine.block_size
@@ -31,10 +32,11 @@ def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
-    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim], zeros. On the CPU from calloc's
-    zero pages (numpy): the OS maps them as they are first written, so a start does not spend a second writing
-    zeros over a pool most of which waits for sessions (and the resident set grows with the cache's use)."""
-    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim (+2 for int8: kv_quant.py)], zeros.
+    On the CPU from calloc's zero pages (numpy): the OS maps them as they are first written, so a start does not
+    spend a second writing zeros over a pool most of which waits for sessions (and the resident set grows with the
+    cache's use)."""
+    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, row_width(model.head_dim, dtype))
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()

@@ -68,7 +68,7 @@ class Frontend:
                 "kernel_weights": native.weight_kinds if native else None,
                 "fim_template": self.fim.name if self.fim else None,
                 "repo_context": bool(self.fim and self.fim.file_sep),
-                "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype.itemsize)}
+                "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype_name)}
 
     def cache_salt(self, body: SamplingFields, request: Request) -> str | None:
         """The request's prefix-cache salt: its `cache_salt`, and with cache_isolation "key" a hash of its API

@@ -155,7 +155,7 @@ def calibrate(model: str = "smollm2", dtype: str = "auto", repeats: int = 2,
     errors = [abs(cost.step_seconds(s) - t) / t for s, t in samples]
     traffic_errors = [(cost.step_seconds(s) - t) / t for s, t in traffic]
     meta = {"model": model, "dtype": str(engine.dtype).removeprefix("torch."), "threads": engine.config.num_threads,
-            "weight_bytes": engine.weight_bytes, "kv_dtype_bytes": engine.kv_dtype.itemsize,
+            "weight_bytes": engine.weight_bytes, "kv_dtype": engine.kv_dtype_name,
             "samples": [[s.tokens, s.prefill_attention, s.seqs, s.kv_read, s.chunks, t] for s, t in samples],
             "synthetic_samples": len(synthetic), "traffic_samples": len(traffic),
             "median_relative_error": statistics.median(errors), "max_relative_error": max(errors),

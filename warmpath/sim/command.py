@@ -11,7 +11,7 @@ import zlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from warmpath.config import ClientConfig, SimConfig
+from warmpath.config import KV_ELEMENT_BYTES, ClientConfig, SimConfig
 from warmpath.models.footprint import parse_bytes
 from warmpath.router.policies import POLICIES, Router
 from warmpath.sim.cost import save_calibration
@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="replay a trace saved by `warmpath bench --save-trace` instead")
     p.add_argument("--weights-dtype", help="default: the profile's")
     p.add_argument("--num-kv-blocks", type=int, help="default: what the profile's memory leaves beside the weights")
+    p.add_argument("--kv-cache-dtype", choices=list(KV_ELEMENT_BYTES),
+                   help="the KV cache's dtype (default: the profile's; int8 holds ~2x the blocks of bfloat16)")
     p.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget (default: the profile's)")
     p.add_argument("--kv-tier-bytes", default="0", help="a KV tier on disk of this size per node (e.g. 4GiB; 0: "
                    "none), read back at the profile's disk rate")
@@ -137,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
               f"{100 * meta['median_relative_error']:.1f}%, max {100 * meta['max_relative_error']:.1f}% over "
               f"{len(meta['samples'])} shapes; resident weights {meta['weight_bytes'] / 1e6:.0f} MB; saved {path}")
         profile = get_profile(args.profile)  # now with the fit
+    if args.kv_cache_dtype:  # the pool's blocks and the tier's bytes per block (step times: the profile's fit)
+        profile = replace(profile, kv_dtype=args.kv_cache_dtype)
     dtype = args.weights_dtype or profile.default_dtype
     if dtype not in profile.cost:
         print(f"error: profile {profile.name} has weights dtypes {', '.join(profile.cost)}", file=sys.stderr)

@@ -74,7 +74,7 @@ class Profile:
     name: str
     model: ModelConfig
     weight_bytes: dict[str, int]  # resident weights by weights dtype (models/footprint.py for the CPU engine)
-    kv_dtype_bytes: int
+    kv_dtype: str  # config.KV_ELEMENT_BYTES' names
     memory_bytes: int  # the memory budget: weights + working buffers + KV (the engine's memory_budget)
     cost: dict[str, CostModel]  # by weights dtype: fewer bytes per weight shorten the weight pass
     default_dtype: str
@@ -91,11 +91,11 @@ class Profile:
 
     @property
     def kv_block_bytes(self) -> int:
-        return self.model.kv_bytes_per_token(self.kv_dtype_bytes) * self.block_size
+        return self.model.kv_bytes_per_token(self.kv_dtype) * self.block_size
 
     def num_kv_blocks(self, dtype: str | None = None, memory_bytes: int | None = None) -> int:
         """The block pool that fits beside the weights in the memory budget, counted as the engine counts."""
-        per_block = self.model.kv_bytes_per_token(self.kv_dtype_bytes) * self.block_size
+        per_block = self.model.kv_bytes_per_token(self.kv_dtype) * self.block_size
         return kv_pool_blocks(memory_bytes or self.memory_bytes, self.weight_bytes[dtype or self.default_dtype],
                               self.working_bytes, per_block)
 

@@ -50,7 +50,7 @@ def _cpu_smollm2() -> Profile:
     return Profile(
         name="cpu-smollm2", model=SMOLLM2,
         weight_bytes={d: weight_bytes(SMOLLM2, [b]) for d, b in backends.items()},
-        kv_dtype_bytes=2,  # under a plan every backend shares one bf16 KV cache
+        kv_dtype="bfloat16",  # under a plan every backend shares one bf16 KV cache
         memory_bytes=int(1.5 * GIB), cost={"float32": fp32, "bfloat16": fp32, "int8": int8},
         default_dtype="float32", max_num_batched_tokens=512,
         working_bytes=working_bytes(SMOLLM2, 512, 64), model_spec="smollm2", calibrate_dtype="float32",
@@ -81,7 +81,7 @@ def _cpu_qwen(name: str) -> Profile:
     weights = meta["weight_bytes"] if meta and meta.get("weight_bytes") else weights
     working = working_bytes(model, 512, 64)
     return Profile(
-        name=name, model=model, weight_bytes={"q4_k_m": weights}, kv_dtype_bytes=2,
+        name=name, model=model, weight_bytes={"q4_k_m": weights}, kv_dtype="bfloat16",
         memory_bytes=weights + working + KV_CACHE_BYTES, cost={"q4_k_m": cost}, default_dtype="q4_k_m",
         max_num_batched_tokens=512, working_bytes=working, model_spec=spec,
         disk_read_bytes_per_s=(meta or {}).get("disk_read_bytes_per_s") or Profile.disk_read_bytes_per_s,
@@ -94,7 +94,7 @@ def _cpu_qwen(name: str) -> Profile:
 def _h100_llama3_8b() -> Profile:
     hbm_bw, bf16_flops = 3.35e12, 989e12  # H100 SXM datasheet: HBM3 bandwidth, dense BF16 tensor FLOP/s
     params = 8.03e9  # Llama-3-8B
-    kv_bytes = LLAMA3_8B.kv_bytes_per_token(2)  # 131,072 bytes per token in bf16
+    kv_bytes = LLAMA3_8B.kv_bytes_per_token("bfloat16")  # 131,072 bytes per token in bf16
 
     def cost(weight_bytes: float) -> CostModel:
         return CostModel(
@@ -107,7 +107,7 @@ def _h100_llama3_8b() -> Profile:
         )
     return Profile(
         name="h100-llama3-8b", model=LLAMA3_8B,
-        weight_bytes={"bfloat16": int(2 * params), "int8": int(1.03 * params)}, kv_dtype_bytes=2,
+        weight_bytes={"bfloat16": int(2 * params), "int8": int(1.03 * params)}, kv_dtype="bfloat16",
         memory_bytes=int(72 * GIB),  # 80 GB HBM less ~8 GB activations, CUDA context and allocator slack
         cost={"bfloat16": cost(2 * params), "int8": cost(1.03 * params)}, default_dtype="bfloat16",
         max_num_batched_tokens=2048,

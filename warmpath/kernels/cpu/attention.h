@@ -310,8 +310,8 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
                       const int32_t *tables, int width, const float *qkv, uint8_t *kv, float *out, int nthreads,
                       const attn_plan *P) {
     const int H = M->num_heads, KVH = M->num_kv_heads, hd = M->head_dim, bs = M->block_size, kvt = M->kv_type;
-    const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd, ES = kvt == WP_KV_F32 ? 4 : 2;
-    const int64_t tok = (int64_t)KVH * hd, plane = (int64_t)M->num_kv_blocks * bs * tok * ES; /* bytes */
+    const int G = H / KVH, qkv_w = (H + 2 * KVH) * hd, RB = kv_row_bytes(kvt, hd);
+    const int64_t tok = (int64_t)KVH * RB, plane = (int64_t)M->num_kv_blocks * bs * tok; /* bytes */
     uint8_t *kc = kv + (int64_t)layer * 2 * plane, *vc = kc + plane;
     const int *first = P->first;
     const int64_t *poff = P->poff;
@@ -320,8 +320,8 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
         for (int r = seq_rows[sq]; r < seq_rows[sq + 1]; r++) {
             const int64_t p = start[sq] + (r - seq_rows[sq]);
             const int64_t slot = (int64_t)tables[(int64_t)sq * width + p / bs] * bs + p % bs;
-            store_kv(kc + slot * tok * ES, qkv + (int64_t)r * qkv_w + H * hd, tok, kvt);
-            store_kv(vc + slot * tok * ES, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, tok, kvt);
+            store_kv(kc + slot * tok, qkv + (int64_t)r * qkv_w + H * hd, KVH, hd, kvt);
+            store_kv(vc + slot * tok, qkv + (int64_t)r * qkv_w + (H + KVH) * hd, KVH, hd, kvt);
         }
     const int tasks = first[S];
 #pragma omp parallel num_threads(nthreads)
@@ -369,13 +369,13 @@ static void attention(const wp_model *M, int layer, int S, const int32_t *seq_ro
                             qs[r - r0] = qkv + (int64_t)seq_rows[r] * qkv_w + g * G * hd;
                             ps[r - r0] = parts + poff[r] + (g * nsp + c) * stride;
                         }
-                        attend_rows(qs, r1 - r0, kc + g * hd * ES, vc + g * hd * ES, table, bs, tok, G, hd, M->scale,
-                                    t0, e0, w, ps, 0, g ? 0 : tok * ES, kvt);
+                        attend_rows(qs, r1 - r0, kc + g * RB, vc + g * RB, table, bs, tok, G, hd, M->scale, t0, e0, w,
+                                    ps, 0, g ? 0 : tok, kvt);
                     }
             } else {
                 const int g = (int)(idx / nspan);
-                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * hd * ES, vc + g * hd * ES, table, bs, tok,
-                            G, hd, M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
+                attend_span(q + g * G * hd, qkv_w, nrows, start[sq], kc + g * RB, vc + g * RB, table, bs, tok, G, hd,
+                            M->scale, t0, t1, w, w + (int64_t)hd * SPLIT, w + 2 * (int64_t)hd * SPLIT,
                             parts + poff[sq] + idx * stride, kvt);
             }
         }

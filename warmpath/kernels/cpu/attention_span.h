@@ -45,17 +45,17 @@ static inline float max_of(const float *v, int n) {
 }
 
 /* NR decode rows' G query heads each (q[r]: row r's G heads) over tokens t0..t1 (visible to all NR), K/V read
-   where they lie in the cache (KV type KVT; kc, vc: this KV head's first element, tok elements from one token to
-   the next): each K/V row read once for the NR x G queries, the rows after the first finding it in L1. Row r's
+   where they lie in the cache (KV type KVT; kc, vc: this KV head's first row, tok bytes from one token to the
+   next): each K/V row read once for the NR x G queries, the rows after the first finding it in L1. Row r's
    numbers are the same whatever NR: its own chains, in the same order. s holds NR x G x SPLIT scores; part[r]
    gets row r's G partial results. Prefetches bytes pf0..pf1 of each token's K and V rows (relative to this
    head's): the first KV head of a task fetches whole rows, the others find them in cache. */
 AI void one_row(const float *const *q, int NR, const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs,
                 int64_t tok, int G, int hd, float scale, int64_t t0, int64_t t1, float *s, float *const *part,
                 int64_t pf0, int64_t pf1, const int KVT) {
-    const int n = (int)(t1 - t0), ES = KVT == WP_KV_F32 ? 4 : 2;
+    const int n = (int)(t1 - t0);
     const uint8_t *rows[SPLIT]; /* where each token's K (and, at the same offset, V) row lies */
-    for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok * ES;
+    for (int t = 0; t < n; t++) rows[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
     const int64_t v_off = vc - kc;
     /* K/V rows are scattered over blocks and a decode step's whole cache is read once from memory: fetch
        ONE_ROW_AHEAD tokens ahead of use (the first ones now). */
@@ -74,7 +74,7 @@ AI void one_row(const float *const *q, int NR, const uint8_t *kc, const uint8_t 
                 for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
                 for (int d = 0; d < hd; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(q[j / G] + j % G * hd + d);
-                    for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, kv8(rows[t + u] + d * ES, KVT), acc[u]);
+                    for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, kv8(rows[t + u], d, hd, KVT), acc[u]);
                 }
                 const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
                 const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -97,22 +97,22 @@ AI void one_row(const float *const *q, int NR, const uint8_t *kc, const uint8_t 
             __m256 acc[8];
             for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
             for (int u = 0; u < n; u++) {
-                const uint8_t *v = rows[u] + v_off + d0 * ES;
+                const uint8_t *v = rows[u] + v_off;
                 const __m256 p = _mm256_set1_ps(sj[u]);
-                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, kv8(v + 8 * c * ES, KVT), acc[c]);
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, kv8(v, d0 + 8 * c, hd, KVT), acc[c]);
             }
             for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
         }
         for (; d0 + 8 <= hd; d0 += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (int u = 0; u < n; u++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(sj[u]), kv8(rows[u] + v_off + d0 * ES, KVT), acc);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(sj[u]), kv8(rows[u] + v_off, d0, hd, KVT), acc);
             _mm256_storeu_ps(o + d0, acc);
         }
 #endif
         for (int d = d0; d < hd; d++) o[d] = 0.f;
         for (int u = 0; u < n && d0 < hd; u++)
-            for (int d = d0; d < hd; d++) o[d] += sj[u] * kv_at(rows[u] + v_off, d, KVT);
+            for (int d = d0; d < hd; d++) o[d] += sj[u] * kv_at(rows[u] + v_off, d, hd, KVT);
     }
 }
 
@@ -123,6 +123,7 @@ static void attend_rows(const float *const *q, int NR, const uint8_t *kc, const 
     if (kvt == WP_KV_BF16) one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_BF16);
     else if (kvt == WP_KV_F16)
         one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F16);
+    else if (kvt == WP_KV_I8) one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_I8);
     else one_row(q, NR, kc, vc, table, bs, tok, G, hd, scale, t0, t1, s, part, pf0, pf1, WP_KV_F32);
 }
 
@@ -223,13 +224,12 @@ AI void span_queries(const float *const q[SPAN_NQ], int hd, const float *Ks, con
 /* A span's K and V rows copied into Ks and Vs [SPLIT][hd] as floats. */
 AI void stage_span(const uint8_t *kc, const uint8_t *vc, const int32_t *table, int bs, int64_t tok, int hd, int64_t t0,
                    int n, float *Ks, float *Vs, const int KVT) {
-    const int ES = KVT == WP_KV_F32 ? 4 : 2;
     const int64_t v_off = vc - kc;
     const uint8_t *k[SPLIT]; /* each token's K row (its V row at the same offset from vc) */
-    for (int t = 0; t < n; t++) k[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok * ES;
+    for (int t = 0; t < n; t++) k[t] = kc + ((int64_t)table[(t0 + t) / bs] * bs + (t0 + t) % bs) * tok;
     for (int t = 0; t < n; t++) {
         if (t + KV_PREFETCH < n)
-            for (int o = 0; o < hd * ES; o += 64) {
+            for (int o = 0; o < kv_row_bytes(KVT, hd); o += 64) {
                 __builtin_prefetch(k[t + KV_PREFETCH] + o);
                 __builtin_prefetch(k[t + KV_PREFETCH] + v_off + o);
             }
@@ -248,6 +248,7 @@ static void attend_span(const float *qkv, int qkv_w, int nrows, int64_t p0, cons
     const int n = (int)(t1 - t0);
     if (kvt == WP_KV_BF16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_BF16);
     else if (kvt == WP_KV_F16) stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_F16);
+    else if (kvt == WP_KV_I8) stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_I8);
     else stage_span(kc, vc, table, bs, tok, hd, t0, n, Ks, Vs, WP_KV_F32);
     /* The task's queries (row i's head j is query i * G + j, as in part) in register tiles of up to SPAN_NQ
        that see the same keys: all rows see a span wholly before the chunk, so a tile may take heads of

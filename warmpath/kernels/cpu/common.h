@@ -30,7 +30,7 @@ enum { WP_F32 = 0, WP_Q4_1 = 1, WP_Q8_0 = 2, WP_Q4_K = 3, WP_Q5_0 = 4, WP_Q6_K =
 
 /* KV cache element types (native.py KV_TYPES): the cache is read and written in its own dtype, the one the torch
    path shares it in. */
-enum { WP_KV_F32 = 0, WP_KV_BF16 = 1, WP_KV_F16 = 2 };
+enum { WP_KV_F32 = 0, WP_KV_BF16 = 1, WP_KV_F16 = 2, WP_KV_I8 = 3 };
 
 /* The model as native.py hands it over (its ctypes structs Matrix, Layer, Model mirror these). A fused matrix
    whose members come in different kinds (Q4_K_M's Q4_K q/k beside a Q6_K v) is a chain of parts, each with its

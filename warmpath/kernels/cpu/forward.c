@@ -14,7 +14,8 @@
 
    Layouts (all row-major, C-contiguous, built by warmpath/kernels/native.py):
      weights:  packed in groups of 8 rows, see "Packed weights" in matmul.h
-     KV cache: [num_layers][2][num_blocks][block_size][num_kv_heads][head_dim] of float, bf16 or fp16
+     KV cache: [num_layers][2][num_blocks][block_size][num_kv_heads][head_dim] of float, bf16 or fp16, or int8
+               with each row's fp16 scale after its head_dim values
                (kv_type; kv.h converts on the way in and out)
      rope:     float[2][max_positions][head_dim] (cos, sin), rotate-half layout
 
@@ -159,8 +160,10 @@ int wp_bf16_attention(void) {
 #endif
 }
 
-/* n floats -> KV elements of type kvt, as the forward pass writes them (tests of the rounding). */
-void wp_store_kv(void *dst, const float *src, int64_t n, int kvt) { store_kv((uint8_t *)dst, src, n, kvt); }
+/* rows x hd floats -> KV rows of type kvt, as the forward pass writes them (tests of the rounding). */
+void wp_store_kv(void *dst, const float *src, int rows, int hd, int kvt) {
+    store_kv((uint8_t *)dst, src, rows, hd, kvt);
+}
 
 /* Rows rows[0..n) of a packed matrix as floats, as the forward pass reads token embeddings (tests). */
 void wp_matrix_rows(const wp_matrix *W, const int64_t *rows, int n, float *out) {
