@@ -3,8 +3,9 @@
 A protocol (llama.cpp `/infill`, Ollama, Mistral FIM, Tabby: one small file each in api/) turns its body into a
 `Fill` (prefix, suffix, repository context, limits, session hints) and an `Outcome` back into its own answer,
 stream event or "nothing" (silence past the deadline is an Outcome with empty text). The server runs a Fill;
-the router reads one to route the request and answers a protocol's silence itself. So every protocol gets the
-same behaviour: FIM or prefix-only, the prefix cache, deadlines, cancellation, sessions.
+the router reads one to route the request and answers a protocol's silence itself. `render` is the one way a Fill
+becomes prompt text, in the server and in the router (for an engine that rejects `suffix`). So every protocol gets
+the same behaviour: FIM or prefix-only, the prefix cache, deadlines, cancellation, sessions.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from warmpath.api.fim import ContextFile, FimTemplate, repo_context
 from warmpath.api.protocol import ApiError
 
 
@@ -67,6 +69,33 @@ class Fill:
         context = "".join(sorted({f"{e.filename}\x1f{e.text}\x1e" for e in self.extra}))
         where = f"{self.repo}\x1f{self.filename}\x1d" if self.extra and (self.repo or self.filename) else ""
         return where + context + self.prefix + self.middle
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A Fill as prompt text, and what the answer's end depends on."""
+
+    text: str
+    fim_mode: str | None  # the family's name; "prefix-only" (no FIM tokens); None: a plain completion
+    stops: tuple[str, ...] = ()  # the family's markers: the answer ends at one
+    cursor: tuple[str, str] | None = None  # the text before and after the cursor: the completion scope's
+
+
+def render(fill: Fill, template: FimTemplate | None, layout: str = "anchored") -> Rendered:
+    """The prompt: repository context, then the family's FIM layout (or the prefix alone for a model without FIM
+    tokens: the scope cuts where the suffix begins), then the cursor's line (last, so what comes before it stays
+    cached while the developer types along the line). A prompt with no suffix that is written in the family's own
+    layout (Zed writes it itself) is sent as it is, and answered as a FIM prompt."""
+    context = repo_context([ContextFile(e.filename, e.text) for e in fill.extra], template, fill.repo, fill.filename)
+    if fill.suffix is None:
+        text = context + fill.prefix + fill.middle
+        own = template.split(text) if template is not None else None
+        return Rendered(text, None) if own is None else Rendered(text, template.name, template.stops, own)
+    cursor = (fill.prefix + fill.middle, fill.suffix)
+    if template is None:
+        return Rendered(context + fill.prefix + fill.middle, "prefix-only", (), cursor)
+    return Rendered(template.build(fill.prefix, fill.suffix, context, layout) + fill.middle, template.name,
+                    template.stops, cursor)
 
 
 @dataclass

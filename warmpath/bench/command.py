@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", action="append", default=[], help="server(s) to compare against, same trace")
     p.add_argument("--names", help="comma-separated labels for target and baselines (default: from the URLs)")
     p.add_argument("--protocols", help="comma-separated, per target and baseline: openai (/v1/completions, the "
-                   "default) or infill (llama.cpp's /infill, as llama.vim sends it)")
+                   "default), infill (llama.cpp's /infill, as llama.vim sends it), mistral (/v1/fim/completions), "
+                   "ollama (/api/generate) or tabby (Tabby's completions, not streamed)")
     p.add_argument("--api-key", help="Bearer key for every server")
     p.add_argument("--workload", choices=WORKLOADS, default=B.workload,
                    help="editor: developers typing; agent: coding-agent turns; mixed: both")

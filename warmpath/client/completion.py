@@ -17,7 +17,9 @@ __all__ = ["CANCELLED", "COMPLETED", "DROPPED", "ERROR", "SHOWN", "RequestRecord
            "monotonic_clock", "sse_events", "stream_completion"]
 
 
-PROTOCOLS = ("openai", "infill")  # /v1/completions, or llama.cpp's /infill (what llama.vim / llama.vscode send)
+# /v1/completions; llama.cpp's /infill (what llama.vim / llama.vscode send); Mistral's /v1/fim/completions (SSE);
+# Ollama's /api/generate (NDJSON); Tabby's completions (one JSON answer: its first token is the whole answer)
+PROTOCOLS = ("openai", "infill", "mistral", "ollama", "tabby")
 
 
 @dataclass
@@ -91,6 +93,53 @@ def _as_infill(body: dict) -> dict:
     return out
 
 
+def _request(target: Target, body: dict) -> tuple[str, dict]:
+    """Where and what to POST for an OpenAI completions body in the target's protocol."""
+    p, prompt, suffix = target.protocol, body["prompt"], body.get("suffix") or ""
+    if p == "infill":
+        return target.root + "/infill", _as_infill(body)
+    if p == "mistral":
+        out = {k: body[k] for k in ("model", "stop", "scope") if body.get(k)}
+        return target.api + "/fim/completions", {**out, "prompt": prompt, "suffix": suffix, "stream": True,
+                                                 "max_tokens": body["max_tokens"],
+                                                 "temperature": body.get("temperature", 0)}
+    if p == "ollama":
+        options = {"num_predict": body["max_tokens"], "temperature": body.get("temperature", 0)}
+        if body.get("stop"):
+            options["stop"] = body["stop"]
+        return target.root + "/api/generate", {"model": body.get("model"), "prompt": prompt, "suffix": suffix,
+                                               "stream": True, "options": options}
+    if p == "tabby":
+        return target.api + "/completions", {"language": "python", "segments": {"prefix": prompt, "suffix": suffix},
+                                             "temperature": body.get("temperature", 0)}
+    return target.api + "/completions", body
+
+
+async def _events(resp: httpx.Response, protocol: str) -> AsyncIterator[dict]:
+    if protocol == "tabby":
+        yield json.loads(await resp.aread())
+    elif protocol == "ollama":
+        async for line in resp.aiter_lines():
+            if line.strip():
+                yield json.loads(line)
+    else:
+        async for event in sse_events(resp):
+            yield event
+
+
+def _choices(event: dict, rec: RequestRecord, protocol: str) -> list[dict]:
+    """An event of the protocol as the choices of an OpenAI chunk; its counts into rec."""
+    if protocol == "infill":
+        return _infill_choices(event, rec)
+    if protocol == "ollama":
+        rec.prompt_tokens = event.get("prompt_eval_count", rec.prompt_tokens)
+        if event.get("done"):
+            rec.tokens = event.get("eval_count", rec.tokens)
+            return [{"text": event.get("response") or "", "finish_reason": event.get("done_reason") or "stop"}]
+        return [{"text": event.get("response") or ""}]
+    return event.get("choices") or []
+
+
 def _infill_choices(event: dict, rec: RequestRecord) -> list[dict]:
     """An /infill event as the choices of an OpenAI chunk; its counts into rec."""
     rec.prompt_tokens = event.get("tokens_evaluated", rec.prompt_tokens)
@@ -121,10 +170,7 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     if target.model:
         body.setdefault("model", target.model)
-    infill = target.protocol == "infill"
-    path = target.root + "/infill" if infill else target.api + "/completions"
-    if infill:
-        body = _as_infill(body)
+    path, body = _request(target, body)
     loop = asyncio.get_running_loop()
     start = loop.time()
     first = first_token_deadline_s if first_token_deadline_s is not None else total_deadline_s
@@ -146,10 +192,11 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                     rec.done = clock()
                     end()
                     return rec
-                async for event in sse_events(resp):
+                async for event in _events(resp, target.protocol):
                     if "error" in event:
                         rec.error = json.dumps(event["error"])[:300]
-                        if rec.kind == "editor" and (event["error"] or {}).get("code") == CUT:
+                        cut = isinstance(event["error"], dict) and event["error"].get("code") == CUT
+                        if rec.kind == "editor" and cut:
                             rec.finish_reason = CUT  # its node died mid-stream
                         rec.done = clock()
                         end()
@@ -159,7 +206,7 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                         rec.tokens = usage.get("completion_tokens", rec.tokens)
                         rec.prompt_tokens = usage.get("prompt_tokens")
                         rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                    for choice in _infill_choices(event, rec) if infill else event.get("choices") or []:
+                    for choice in _choices(event, rec, target.protocol):
                         text = _delta_text(choice)
                         if text:
                             now = clock()

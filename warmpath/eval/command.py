@@ -22,6 +22,7 @@ from typing import get_args
 
 import httpx
 
+from warmpath.api.fill import Fill, render
 from warmpath.api.fim import LAYOUTS, fim_for_model
 from warmpath.api.protocol import Scope
 from warmpath.client.completion import (
@@ -99,7 +100,7 @@ async def evaluate(args: argparse.Namespace) -> int:
             rec = RequestRecord(session=f"eval-{i}", kind="agent", sent=clock())
             body = {"prompt": task.prefix, "suffix": task.suffix, "max_tokens": args.max_tokens, "temperature": 0}
             if template is not None:  # the prompt written out, no suffix field (servers end at the markers)
-                body = {"prompt": template.build(task.prefix, task.suffix, layout=args.fim_layout),
+                body = {"prompt": render(Fill(prefix=task.prefix, suffix=task.suffix), template, args.fim_layout).text,
                         "max_tokens": args.max_tokens, "temperature": 0}
             if args.insert == "first-line":
                 body["stop"] = ["\n"]

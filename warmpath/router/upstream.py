@@ -2,7 +2,7 @@
 
 - A tiered fleet: the tier's own model name.
 - An engine that rejects `suffix` (vLLM: "Unsupported param: suffix") gets the FIM prompt rendered here, the
-  server's way (api/fim.py): the family from the node's model name, repository context (`extra`) before the
+  server's way (api/fill.render): the family from the node's model name, repository context (`extra`) before the
   prefix, the family's stop tokens as stop strings (kept as text so they can match); a model of no known
   family completes from the prefix alone. Clients keep sending `suffix` to any fleet.
 - Session hints the engine reads (llama.cpp's `cache_prompt`) unless the client set them.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from warmpath.api.fim import fim_for_model, repo_context
+from warmpath.api.fill import Extra, Fill, render
+from warmpath.api.fim import fim_for_model
 from warmpath.router.translate import Collected, Translation, openai_request
 
 
@@ -54,22 +55,21 @@ def request_body(node, body: dict | None, raw: bytes | None, own_model: bool) ->
 
 
 def render_fim(body: dict, model: str) -> dict:
-    """A completion request with `suffix` / `extra` as one plain prompt for `model`'s family."""
+    """A completion request with `suffix` / `extra` as one plain prompt for `model`'s family (api/fill.render, as
+    the server renders it)."""
     out = dict(body)
     prefix, suffix, extra = out.pop("prompt"), out.pop("suffix", None) or "", out.pop("extra", None) or []
-    template = fim_for_model(model)
-    files = [e for e in extra if isinstance(e, dict)] if isinstance(extra, list) else []
-    context = repo_context(files, template)
-    if template is None:  # no FIM tokens: complete from the prefix
-        out["prompt"] = context + prefix
-        return out
+    files = [Extra(e.get("filename") or "", e.get("text") or "") for e in extra if isinstance(e, dict)] \
+        if isinstance(extra, list) else []
     # These engines do not heal the prompt's last token (engine/healing.py), so the anchored layout, which keeps
     # their prefix cache warm, is used only where the cursor is at a line's start; inside a line it would end
     # the prompt inside a word (benchmarks/results/fim_layout_quality_*: measured by pass@1 both ways).
     layout = "anchored" if not prefix or prefix.endswith("\n") else "cursor"
-    out["prompt"] = template.build(prefix, suffix, context, layout)
-    stop = out.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else list(stop)
-    out["stop"] = stop + [s for s in template.stops if s not in stop]
-    out["skip_special_tokens"] = False  # the markers stay in the text the engine matches stop strings on
+    rendered = render(Fill(prefix=prefix, suffix=suffix, extra=files), fim_for_model(model), layout)
+    out["prompt"] = rendered.text
+    if rendered.stops:
+        stop = out.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        out["stop"] = stop + [s for s in rendered.stops if s not in stop]
+        out["skip_special_tokens"] = False  # the markers stay in the text the engine matches stop strings on
     return out

@@ -1,7 +1,7 @@
-"""The editor protocols in the server: a body in any protocol (api/infill.py, api/ollama.py, api/mistral.py) is
-one Fill, rendered (repository context, then FIM or prefix-only, then the cursor's line), fitted to the
-context, run as a Job like any completion, and answered in that protocol's shape: its answer, its stream, its
-silence past the deadline (empty text, never an error) and its errors.
+"""The editor protocols in the server: a body in any protocol (api/infill.py, api/ollama.py, api/mistral.py,
+api/tabby.py) is one Fill, made a prompt as every text prompt is (prompter.py: rendered, fitted to the context),
+run as a Job like any completion, and answered in that protocol's shape: its answer, its stream, its silence past
+the deadline (empty text, never an error) and its errors.
 
 A protocol here is a module: NAME, parse(raw) -> Fill, error(status, message), answer (an Outcome in its
 shape); one that streams also STREAM_MEDIA, event / end and stream_error.
@@ -9,23 +9,20 @@ shape); one that streams also STREAM_MEDIA, event / end and stream_error.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from warmpath.api.asgi import ClientGone, unless_disconnected
-from warmpath.api.fill import Fill, Outcome
-from warmpath.api.fim import ContextFile, repo_context
+from warmpath.api.fill import Fill, Outcome, Rendered
 from warmpath.api.protocol import ApiError
 from warmpath.api.responses import SSE_HEADERS
 from warmpath.engine.async_engine import EngineDeadError
 from warmpath.server.frontend import Frontend
 from warmpath.server.jobs import Job
-from warmpath.server.limits import Chain, IndentCutter
+from warmpath.server.prompter import Prompt
 
 
 class Editors:
@@ -53,67 +50,24 @@ class Editors:
             raise wire.error(e.status, e.body["error"]["message"]) from None
 
     # -- the prompt ---------------------------------------------------------------------------------------------
-    def render(self, fill: Fill) -> tuple[str, str | None]:
-        """(prompt text, fim_mode): repository context, then the FIM layout or the prefix, then the cursor's line
-        (last, so what comes before it stays cached while the developer types along the line)."""
-        context = repo_context([ContextFile(e.filename, e.text) for e in fill.extra], self.f.fim, fill.repo,
-                               fill.filename)
-        if fill.suffix is None:
-            return context + fill.prefix + fill.middle, None
-        if self.f.fim is not None:
-            return (self.f.fim.build(fill.prefix, fill.suffix, context, self.f.config.fim_layout) + fill.middle,
-                    self.f.fim.name)
-        return context + fill.prefix + fill.middle, "prefix-only"  # the scope cuts where the suffix begins
-
-    async def fit(self, fill: Fill, reserve: int) -> tuple[list[int], str | None, bool]:
-        """The rendered prompt's ids, leaving `reserve` tokens of the context for the answer; what does not fit is
-        left out, as llama.cpp does: the oldest repository context first, then the prefix's first lines, then
-        the suffix's last lines. (ids, fim_mode, truncated)."""
-        max_len, truncated = self.f.engine.max_model_len, False
-        for _ in range(64):
-            text, mode = self.render(fill)
-            try:
-                ids = await self.f.encoder.encode(text)
-                excess = len(ids) + reserve - max_len
-                share = excess / max(1, len(ids))
-            except ApiError:  # longer than any tokenization could fit: drop half
-                excess, share = 1, 0.5
-            if excess <= 0:
-                return ids, mode, truncated
-            truncated = True
-            prefix, suffix = fill.prefix.split("\n"), (fill.suffix or "").split("\n")
-            if fill.extra:
-                fill = replace(fill, extra=fill.extra[max(1, math.ceil(len(fill.extra) * share)):] if share < 1 else [])
-            elif len(prefix) > 1:
-                fill = replace(fill, prefix="\n".join(prefix[max(1, math.ceil(len(prefix) * share)):]))
-            elif len(suffix) > 1:
-                fill = replace(fill, suffix="\n".join(suffix[: -max(1, math.ceil(len(suffix) * share))]))
-            else:
-                break
-        raise ApiError(400, f"the prompt does not fit the model's context of {max_len} tokens", param="prompt",
-                       code="context_length_exceeded")
-
     async def job(self, wire, fill: Fill, request: Request, received: float) -> Job | None:
-        f, max_len = self.f, self.f.engine.max_model_len
+        f = self.f
         warmup = fill.max_tokens == 0
-        mode, truncated = None, False
         if fill.chat and f.tokenizer.chat_template:
             turns = ([{"role": "system", "content": fill.system}] if fill.system else []) + \
                 [{"role": "user", "content": fill.prefix}]
-            ids = await f.encoder.encode_chat(turns)
+            prompt = Prompt(await f.encoder.encode_chat(turns), Rendered(fill.prefix, None), False)
         else:
-            reserve = 1 if warmup else min(fill.max_tokens or max_len // 4, max_len // 2)
-            ids, mode, truncated = await self.fit(fill, reserve)
-        if not ids:
+            prompt = await f.prompter.fit(fill, 1 if warmup else f.prompter.reserve(fill.max_tokens))
+        if not prompt.ids:
             if warmup:
                 return None
             raise ApiError(400, "nothing to complete: the prompt is empty", param="prompt")
-        max_tokens = 1 if warmup else min(fill.max_tokens or max_len, max_len - len(ids))
-        job = f.jobs.make(wire.NAME, fill, ids, request.headers, received, max_tokens, f.cache_salt(fill, request))
-        job.fim_mode, job.warmup, job.truncated = mode, warmup, truncated
-        scope = f.scope(fill.prefix + fill.middle, fill.suffix, fill.scope) if mode else None
-        if scope is not None or fill.n_indent:
-            job.cutter = Chain(IndentCutter(fill.n_indent) if fill.n_indent else None, scope)
+        max_tokens = 1 if warmup else f.prompter.max_tokens(fill.max_tokens, prompt)
+        job = f.jobs.make(wire.NAME, fill, prompt.ids, request.headers, received, max_tokens,
+                          f.cache_salt(fill, request))
+        f.prompter.dress(job, prompt, fill.scope, fill.n_indent)
+        job.warmup = warmup
         if fill.prompt_ms is not None and not warmup:  # a warm-up's whole point is its prompt: never cut short
             job.prompt_deadline = received + fill.prompt_ms / 1000
         if fill.predict_ms is not None:

@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, unless_disconnected
-from warmpath.api.fim import LAYOUTS, ContextFile, repo_context
+from warmpath.api.fill import Extra, Fill
 from warmpath.api.protocol import ApiError, ChatRequest, CompletionRequest, SamplingFields
 from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
@@ -24,10 +24,8 @@ from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.models.registry import bundled
 from warmpath.server.jobs import Job, Jobs
-from warmpath.server.limits import Chain
 from warmpath.server.logprobs import LogprobFormatter
-from warmpath.server.prompts import PromptEncoder, detect_fim, split_literal_fim
-from warmpath.server.scope import SCOPES, Scope
+from warmpath.server.prompter import Prompter
 
 SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
 
@@ -36,15 +34,13 @@ class Frontend:
     """What the routes share: the engine, its model names and prompt formats, and the jobs it runs."""
 
     def __init__(self, engine: Engine, config: ServerConfig):
-        if config.fim_layout not in LAYOUTS:
-            raise ValueError(f"--fim-layout must be one of {', '.join(LAYOUTS)}, got {config.fim_layout!r}")
         self.engine, self.config = engine, config
+        self.tokenizer = engine.tokenizer
+        self.prompter = Prompter(self.tokenizer, engine.max_model_len, config.fim_layout, config.completion_scope)
+        self.fim, self.encoder = self.prompter.fim, self.prompter.encoder
         self.async_engine = AsyncEngine(engine)
         self.metrics = Metrics(lambda: self.async_engine.snapshot.stats)
-        self.jobs = Jobs(engine, self.async_engine, self.metrics)
-        self.tokenizer = engine.tokenizer
-        self.fim = detect_fim(self.tokenizer)
-        self.encoder = PromptEncoder(self.tokenizer, engine.max_model_len)
+        self.jobs = Jobs(engine, self.async_engine, self.metrics, self.fim)
         self.logprob_format = LogprobFormatter(self.tokenizer)
         self.model_name = config.served_model_name or engine.config.model
         model = bundled(engine.config.model)  # a bundled model is served by its Ollama `name:tag` too
@@ -52,8 +48,6 @@ class Frontend:
         self.names = [self.model_name, *([tag] if tag and tag != self.model_name else [])]  # listed, in order
         self.accepted_names = {*self.names, engine.config.model}
         self.model_card = self._model_card()
-        if config.completion_scope not in SCOPES:
-            raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {config.completion_scope!r}")
         if config.cache_isolation not in ("none", "key"):
             raise ValueError(f"cache_isolation must be none or key, got {config.cache_isolation!r}")
 
@@ -78,11 +72,6 @@ class Frontend:
         key = hashlib.sha256(request.headers.get("authorization", "").encode("latin-1")).hexdigest()
         return f"{key}\0{body.cache_salt or ''}"
 
-    def scope(self, prefix: str, suffix: str, asked: str | None) -> Scope | None:
-        """Where a fill-in-the-middle answer with this cursor ends: the request's scope, else the server's."""
-        scope = asked or self.config.completion_scope
-        return None if scope == "none" else Scope(prefix, suffix, scope)
-
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.accepted_names:
             raise ApiError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
@@ -90,41 +79,35 @@ class Frontend:
 
     # -- jobs from request bodies -----------------------------------------------------------------------------
     async def completion_job(self, body: CompletionRequest, request: Request, received: float) -> Job:
+        """A text prompt goes the way every protocol's does (prompter.py); token ids are taken as they are."""
         self.check_model(body.model)
-        cutter, fim_mode, fim = None, None, False
         if isinstance(body.prompt, str):
-            prefix, suffix, literal = body.prompt, body.suffix, None
-            if not suffix and (split := split_literal_fim(prefix, self.tokenizer)):  # another family's markers
-                prefix, suffix, literal = split
-            text = prefix
-            # Other files of the repository, before the prefix (stable: they stay in the prefix cache)
-            context = repo_context([ContextFile(e.filename, e.text) for e in body.extra or []], self.fim)
-            if suffix or literal or (context and self.fim is not None):
-                if self.fim is not None:
-                    text = self.fim.build(prefix, suffix or "", context, self.config.fim_layout)
-                    fim_mode = self.fim.name
-                else:  # no FIM tokens: complete from the prefix; the scope cuts where the suffix begins
-                    text, fim_mode = context + prefix, "prefix-only"
-                if literal:
-                    fim_mode += f"; the prompt's {literal} markers read as prefix and suffix"
-                cutter, fim = self.scope(prefix, suffix or "", body.scope), True
-            else:
-                text = context + body.prompt
-                if self.fim is not None and (own := self.fim.split(text)) is not None:  # the model's own layout
-                    cutter, fim, fim_mode = self.scope(*own, body.scope), True, self.fim.name
-            prompt_ids = await self.encoder.encode(text)
+            job = await self._text_completion(body, request, received)
+        elif body.suffix or body.extra:
+            raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if body.suffix else "extra")
         else:
-            if body.suffix or body.extra:
-                raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if body.suffix else "extra")
-            prompt_ids = list(body.prompt)
-        if body.temperature is None and fim:  # a FIM completion: greedy unless asked (protocol.py)
-            body = body.model_copy(update={"temperature": 0.0})
-        job = self.jobs.make("completion", body, prompt_ids, request.headers, received, body.max_tokens,
-                             self.cache_salt(body, request))
-        job.cutter, job.fim_mode = Chain(cutter) if cutter else None, fim_mode
+            job = self.jobs.make("completion", body, list(body.prompt), request.headers, received, body.max_tokens,
+                                 self.cache_salt(body, request))
         if body.echo:
-            job.echo = body.prompt if isinstance(body.prompt, str) else self.tokenizer.decode(prompt_ids)
+            job.echo = body.prompt if isinstance(body.prompt, str) else self.tokenizer.decode(job.prompt_ids)
             job.text_offset = len(job.echo)
+        return job
+
+    async def _text_completion(self, body: CompletionRequest, request: Request, received: float) -> Job:
+        max_len = self.engine.max_model_len
+        if body.max_tokens is not None and body.max_tokens >= max_len:  # no prompt could leave it room
+            raise ApiError(400, f"max_tokens ({body.max_tokens}) leaves no room for a prompt in the model's context "
+                                f"of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
+        extra = [Extra(e.filename, e.text) for e in body.extra or []]
+        # Other files without a suffix: still a FIM prompt (the context where the family reads it), hole at the end
+        suffix = body.suffix or ("" if self.fim is not None and any(e.text or e.filename for e in extra) else None)
+        prompt = await self.prompter.fit(Fill(prefix=body.prompt, suffix=suffix, extra=extra),
+                                         self.prompter.reserve(body.max_tokens))
+        if body.temperature is None and prompt.rendered.fim_mode:  # a FIM completion: greedy unless asked
+            body = body.model_copy(update={"temperature": 0.0})
+        job = self.jobs.make("completion", body, prompt.ids, request.headers, received,
+                             self.prompter.max_tokens(body.max_tokens, prompt), self.cache_salt(body, request))
+        self.prompter.dress(job, prompt, body.scope)
         return job
 
     async def chat_job(self, body: ChatRequest, request: Request, received: float) -> Job:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline, session_key
+from warmpath.api.fim import FimTemplate
 from warmpath.api.protocol import ApiError, SamplingFields
 from warmpath.api.responses import new_id, usage
 from warmpath.engine.async_engine import AsyncEngine
@@ -19,7 +20,6 @@ from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams, TokenLogprob
 from warmpath.server.limits import Chain
-from warmpath.server.prompts import detect_fim, fim_stop_ids
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
            FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
@@ -80,20 +80,10 @@ class Job:
 class Jobs:
     """Builds, runs and records the jobs of one engine."""
 
-    def __init__(self, engine: Engine, async_engine: AsyncEngine, metrics: Metrics):
-        self.engine, self.async_engine, self.metrics = engine, async_engine, metrics
-        self.fim = detect_fim(engine.tokenizer)
-        self.fim_stop_ids = fim_stop_ids(engine.tokenizer, self.fim) if self.fim else []
+    def __init__(self, engine: Engine, async_engine: AsyncEngine, metrics: Metrics, fim: FimTemplate | None):
+        self.engine, self.async_engine, self.metrics, self.fim = engine, async_engine, metrics, fim
         if self.fim is not None:  # heal() needs the vocabulary's index: built beside the start, not at a keystroke
             threading.Thread(target=lambda: engine.healer, name="healer-index", daemon=True).start()
-
-    def add_fim_stops(self, job: Job) -> None:
-        """A job prompted with the family's FIM template (any protocol) ends at the family's markers: as special
-        tokens (stop ids: never shown, special tokens are not text) and, spelled out in text, as stop strings."""
-        if self.fim is None or job.fim_mode != self.fim.name:
-            return
-        job.params.stop_token_ids = sorted({*job.params.stop_token_ids, *self.fim_stop_ids})
-        job.stop = [*job.stop, *(t for t in self.fim.stops if t not in job.stop)]
 
     def heal(self, job: Job) -> None:
         """A FIM prompt that ends in text (the anchored layout's lines after the middle marker, /infill's cursor line)
@@ -159,7 +149,6 @@ class Jobs:
         request in the engine."""
         if self.refuse_if_overloaded(job):  # checked here, right before submitting: see reserve()
             return
-        self.add_fim_stops(job)
         self.heal(job)
         detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop, heal=job.params.heal)
         gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline,
