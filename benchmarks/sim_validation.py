@@ -44,14 +44,14 @@ def main() -> None:
     client = replace(ClientConfig(), deadline_ms=args.deadline_ms, max_time_ms=max(3000.0, args.deadline_ms))
 
     engine = Engine(EngineConfig(model=profile.model_spec, dtype=profile.calibrate_dtype))
-    real = Driver(trace, [RealBackend(engine, 0.0)], tokenize, client, realtime=True)
+    real = Driver(trace, [RealBackend(engine, 0.0)], tokenize, client, realtime=True, fim=profile.fim)
     real.backends[0].origin = real._origin
     t = time.perf_counter()
     real.run()
     real_summary = summarize(real, time.perf_counter() - t)
 
     sim = Driver(trace, [SimBackend(profile.cost[profile.default_dtype], engine.pool.num_blocks, profile.block_size,
-                                    engine.config.max_num_batched_tokens)], tokenize, client)
+                                    engine.config.max_num_batched_tokens)], tokenize, client, fim=profile.fim)
     t = time.perf_counter()
     sim.run()
     sim_summary = summarize(sim, time.perf_counter() - t)

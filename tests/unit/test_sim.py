@@ -351,3 +351,27 @@ def test_simulate_with_an_int8_kv_cache_holds_twice_the_blocks(capsys):
     profile = get_profile("h100-llama3-8b")
     assert blocks["bfloat16"] == profile.num_kv_blocks()
     assert 1.9 < blocks["int8"] / blocks["bfloat16"] < 2
+
+
+def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
+    """A FIM model's editor request is the server's FIM prompt (api/fill.render): the suffix after the cursor is
+    computed too, and it sits after the prefix, so keystrokes reuse less of the cache than a prefix-only prompt."""
+    from warmpath.api.fim import fim_for_model
+
+    trace = make_trace("editor", 2, 60, seed=1, rate=30)
+
+    def run(fim) -> Driver:
+        driver = Driver(trace, [SimBackend(COST, 4000)], chunk_tokenizer, fim=fim)
+        driver.run()
+        return driver
+
+    def mean_prompt(driver: Driver) -> float:
+        editor = [r.prompt_tokens for r in driver.records.values() if r.kind == "editor"]
+        assert editor
+        return sum(editor) / len(editor)
+
+    plain, filled = run(None), run(fim_for_model("qwen2.5-coder-0.5b"))
+    suffix_tokens = len(chunk_tokenizer("x" * trace.editor_window[1]))
+    assert mean_prompt(filled) - mean_prompt(plain) > 0.5 * suffix_tokens
+    assert get_profile("cpu-qwen2.5-coder-0.5b").fim.name == "qwen2.5-coder"
+    assert get_profile("h100-llama3-8b").fim is None  # no FIM family: prefix-only, as the server does

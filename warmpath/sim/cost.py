@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from warmpath.api.fim import FimTemplate, fim_for_model
 from warmpath.config import ModelConfig, warmpath_home
 from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.models.footprint import kv_pool_blocks
@@ -88,6 +89,11 @@ class Profile:
     model_spec: str | None = None  # the model `--calibrate` fits the cost to (None: a paper profile)
     calibrate_dtype: str = "auto"  # the engine's dtype while it does
     sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fim(self) -> FimTemplate | None:
+        """The FIM family of the profile's model (None: a paper profile, or a model without one: prefix-only)."""
+        return fim_for_model(self.model_spec or "")
 
     @property
     def kv_block_bytes(self) -> int:

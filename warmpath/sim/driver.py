@@ -16,9 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from warmpath.api.fill import Fill, render
+from warmpath.api.fim import FimTemplate
 from warmpath.client.editor import EditorSession
 from warmpath.client.outcome import outcome
-from warmpath.config import ClientConfig, SchedulerConfig, SimConfig
+from warmpath.config import ClientConfig, SchedulerConfig, ServerConfig, SimConfig
 from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import Request, RequestMetrics, SamplingParams
 from warmpath.engine.scheduler import Scheduler
@@ -185,8 +187,10 @@ class Sample:
 class Driver:
     def __init__(self, trace: Trace, backends: list, tokenize, client: ClientConfig | None = None,
                  router: Router | None = None, realtime: bool = False,
-                 sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s):
+                 sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s,
+                 fim: FimTemplate | None = None):
         self.trace, self.backends, self.tokenize = trace, backends, tokenize
+        self.fim = fim  # the served model's FIM family: an editor request's suffix is computed as the server does
         self.client = client or ClientConfig()
         self.router, self.realtime = router, realtime
         self.sample_every_s, self.drain_s = sample_every_s, drain_s
@@ -229,7 +233,8 @@ class Driver:
         elif kind == "timer":
             send = self._editors[session].timer(t)
             if send is not None:
-                rec = self._send(session, "editor", send.body["prompt"], send.body["max_tokens"], t, send.max_time)
+                rec = self._send(session, "editor", send.body["prompt"], send.body["max_tokens"], t, send.max_time,
+                                 computed=self._rendered(send.body))
                 rec.client_deadline = send.deadline
                 self._push(send.deadline, "deadline", {"session": session})
         elif kind == "deadline":
@@ -247,9 +252,17 @@ class Driver:
             rec.cancelled_at = t
         self._finish(rec, t, reason)
 
+    def _rendered(self, body: dict) -> str:
+        """The prompt the server computes for an editor body: with a suffix, the FIM prompt as it renders it."""
+        if "suffix" not in body:
+            return body["prompt"]
+        fill = Fill(prefix=body["prompt"], suffix=body["suffix"])
+        return render(fill, self.fim, ServerConfig.fim_layout).text
+
     def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,
-              turn_index: int | None = None) -> SimRecord:
-        ids = self.tokenize(text)
+              turn_index: int | None = None, computed: str | None = None) -> SimRecord:
+        """`text` is what the router reads (the prompt field), `computed` what the server tokenizes (default: text)."""
+        ids = self.tokenize(text if computed is None else computed)
         rid = f"{session}-{len(self.records)}"
         node = self._route(rid, session, text)
         rec = SimRecord(rid, session, kind, t, len(ids), node, turn_index=turn_index)
