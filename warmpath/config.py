@@ -14,6 +14,7 @@ def warmpath_home() -> Path:
 
 
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}  # the KV cache dtypes
+KV_INT8_SCALE_BYTES = 2  # an int8 KV row's fp16 scale, after its values (models/kv_quant.py)
 
 
 @dataclass
@@ -37,7 +38,7 @@ class ModelConfig:
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """K and V of every layer and KV head for one token, in a cache of kv_dtype (an int8 row also holds its
         fp16 scale: models/kv_quant.py)."""
-        row = self.head_dim * KV_ELEMENT_BYTES[kv_dtype] + (2 if kv_dtype == "int8" else 0)
+        row = self.head_dim * KV_ELEMENT_BYTES[kv_dtype] + (KV_INT8_SCALE_BYTES if kv_dtype == "int8" else 0)
         return 2 * self.num_layers * self.num_kv_heads * row
 
 

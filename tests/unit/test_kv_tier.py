@@ -88,6 +88,22 @@ def test_a_restarted_engine_finds_the_prefixes(tiny_long_dir, tmp_path, prompt, 
     again.close()
 
 
+def test_an_int8_cache_restarts_from_its_tier_and_no_other_dtype_reads_it(tiny_long_dir, tmp_path, prompt):
+    """int8 blocks (values and their scales) come back byte for byte: the tokens an int8 cache computes; a 16-bit
+    engine on the same directory finds nothing (the key names the KV dtype)."""
+    alone = run(make(tiny_long_dir, None, kv_cache_dtype="int8"), prompt)[0]
+    first = make(tiny_long_dir, tmp_path, kv_cache_dtype="int8")
+    run(first, prompt)
+    first.close()
+    again = make(tiny_long_dir, tmp_path, kv_cache_dtype="int8")
+    full = (len(prompt) - 1) // 16 * 16
+    assert run(again, prompt) == (alone, full, full)
+    again.close()
+    other = make(tiny_long_dir, tmp_path, kv_cache_dtype="bfloat16")
+    assert run(other, prompt)[1:] == (0, 0)
+    other.close()
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "foreign"])
 def test_a_damaged_file_is_recomputed_never_used(tiny_long_dir, tmp_path, prompt, reference, damage):
     first = first_run(tiny_long_dir, tmp_path, prompt)

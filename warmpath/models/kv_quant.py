@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-SCALE_BYTES = 2  # the fp16 scale after a row's values
+from warmpath.config import KV_INT8_SCALE_BYTES as SCALE_BYTES
 
 
 def row_width(head_dim: int, dtype: torch.dtype) -> int:
