@@ -17,7 +17,7 @@ import time
 
 from common import code_windows, machine, write_json
 
-from warmpath import LLM, SamplingParams
+from warmpath import LLM, EngineRequest, SamplingParams
 from warmpath.stats import percentile
 
 
@@ -25,7 +25,7 @@ def decode_throughput(llm: LLM, prompts: list[list[int]]) -> dict:
     sp = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     engine = llm.engine
     for i, p in enumerate(prompts):
-        engine.add_request(f"s{i}", p, sp)
+        engine.add_request(EngineRequest(f"s{i}", p, sp))
     while any(not r.output_token_ids for r in engine.requests.values()):
         engine.step()  # prefills (with the first decodes mixed in)
     start, tokens = time.perf_counter(), 0
@@ -44,12 +44,12 @@ def head_of_line(llm: LLM, streams: list[list[int]], big: list[int]) -> dict:
     engine = llm.engine
     sp = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
     for i, p in enumerate(streams):
-        engine.add_request(f"d{i}", p, sp)
+        engine.add_request(EngineRequest(f"d{i}", p, sp))
     while any(not engine.requests[f"d{i}"].output_token_ids for i in range(len(streams))):
         engine.step()
     engine.step()
     last_token = {f"d{i}": time.perf_counter() for i in range(len(streams))}
-    engine.add_request("big", big, SamplingParams(max_tokens=1, temperature=0))
+    engine.add_request(EngineRequest("big", big, SamplingParams(max_tokens=1, temperature=0)))
     arrival = time.perf_counter()
     gaps, ttft = [], None
     while ttft is None:

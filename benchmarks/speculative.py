@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from warmpath import LLM, SamplingParams
+from warmpath import LLM, EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.edit_workload import edit_tasks
 from warmpath.server.prompts import render_chat
@@ -38,7 +38,7 @@ def run(engine, prompts: list[list[int]], max_tokens: list[int], sessions: list[
     ids = []
     for i, (p, m, s) in enumerate(zip(prompts, max_tokens, sessions, strict=True)):
         rid = f"{'on' if speculate else 'off'}-{time.monotonic_ns()}-{i}"
-        engine.add_request(rid, p, SamplingParams(max_tokens=m, temperature=0), session_id=s)
+        engine.add_request(EngineRequest(rid, p, SamplingParams(max_tokens=m, temperature=0), session_id=s))
         ids.append(rid)
     t0, outs = time.perf_counter(), {}
     while engine.has_unfinished_requests():

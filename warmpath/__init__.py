@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineRequest", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from warmpath.engine.request import RequestOutput, SamplingParams
+    from warmpath.engine.request import EngineRequest, RequestOutput, SamplingParams
     from warmpath.llm import LLM
 
 
@@ -18,7 +18,7 @@ def __getattr__(name: str):
         from warmpath.llm import LLM
 
         return LLM
-    if name in ("RequestOutput", "SamplingParams"):
+    if name in ("EngineRequest", "RequestOutput", "SamplingParams"):
         from warmpath.engine import request
 
         return getattr(request, name)

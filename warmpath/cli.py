@@ -63,11 +63,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     engine = Engine(cfg)
     m = engine.model_config
-    native = engine.runner.native
-    kernel = f"native, {native.activations} activations" if native else "torch"
-    if engine.plan is not None:
-        kernel = (f"plan {' + '.join(engine.plan.backends)} "
-                  f"({'deterministic' if engine.plan.deterministic else 'nondeterministic'}; `warmpath plan`)")
+    kernel = (f"plan {' + '.join(engine.plan.backends)} "
+              f"({'deterministic' if engine.plan.deterministic else 'nondeterministic'}; `warmpath plan`)")
     print(f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} layers, "
           f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
           f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "

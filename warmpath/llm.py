@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
-from warmpath.engine.request import RequestOutput, SamplingParams
+from warmpath.engine.request import EngineRequest, RequestOutput, SamplingParams
 from warmpath.models.tokenizer import Tokenizer
 
 Prompt = str | dict
@@ -58,7 +58,7 @@ class LLM:
             for prompt, sp in zip(prompts, plist, strict=True):
                 self._next_id += 1
                 rid = f"llm-{self._next_id}"
-                self.engine.add_request(rid, self._prompt_ids(prompt), sp)
+                self.engine.add_request(EngineRequest(rid, self._prompt_ids(prompt), sp))
                 ids.append(rid)
             done: dict[str, RequestOutput] = {}
             while len(done) < len(ids):

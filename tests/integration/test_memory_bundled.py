@@ -40,9 +40,10 @@ def test_one_memory_budget_the_engine_and_the_simulator_count_alike():
         assert blocks == profile.num_kv_blocks(form, parse_bytes(BUDGET)), form
 
 
-def test_the_native_plan_holds_twice_the_kv_blocks_of_the_old_native_path_in_one_budget():
-    """The old native path kept an fp32 torch model beside the kernel's blocks and an fp32 KV cache."""
+def test_the_native_plan_holds_twice_the_kv_blocks_of_the_fp32_named_native_path_in_one_budget():
+    """Named by dtype, the int8 kernel is the same plan with the dtype's fp32 cache: the same weights (no torch
+    model beside the kernel: it would compute nothing), half the KV blocks of the plan's 16-bit cache."""
     planned, planned_weights = _blocks(plan="native-int8")
-    old, old_weights = _blocks(dtype="float32", kernel="native", kernel_activations="int8")
-    assert planned_weights * 4 < old_weights
-    assert planned >= 2 * old, (planned, old)
+    named, named_weights = _blocks(dtype="float32", kernel="native", kernel_activations="int8")
+    assert planned_weights == named_weights
+    assert planned >= 2 * named, (planned, named)

@@ -5,7 +5,7 @@ kernel gives a row the same numbers alone, in a chunk or as a decode, so the sch
 
 from tiny_model import write_tiny_gguf
 
-from warmpath import LLM, SamplingParams
+from warmpath import LLM, EngineRequest, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
 
@@ -15,7 +15,7 @@ def run(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list]]:
     engine, got = llm.engine, {}
     for ids in prompts:
         llm._next_id += 1
-        engine.add_request(f"cut-{llm._next_id}", ids, GREEDY)
+        engine.add_request(EngineRequest(f"cut-{llm._next_id}", ids, GREEDY))
         got[f"cut-{llm._next_id}"] = ([], [])
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -4,7 +4,7 @@ warm prefixes, continuous batching, no head-of-line blocking, aborts and deadlin
 import pytest
 from engine_checks import FakeClock, check_pool_invariants, code_texts
 
-from warmpath import SamplingParams
+from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
 from warmpath.engine.request import FinishReason, RequestStatus
@@ -19,7 +19,7 @@ def make(path, **kw) -> Engine:
 
 def run(engine: Engine, prompts: list[list[int]], params=GREEDY, check=True) -> dict[str, list[int]]:
     for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", ids, params)
+        engine.add_request(EngineRequest(f"r{i}", ids, params))
     done = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -57,7 +57,7 @@ def test_warm_prefix_computes_only_the_new_tokens(tiny_long_dir, prompts):
     base = prompts[0][:300] if len(prompts[0]) >= 300 else (prompts[0] * 3)[:300]
     run(engine, [base], SamplingParams(max_tokens=1, temperature=0))
     before = engine.stats()["num_computed_tokens"]
-    engine.add_request("warm", base + list(range(40, 60)), SamplingParams(max_tokens=1, temperature=0))
+    engine.add_request(EngineRequest("warm", base + list(range(40, 60)), SamplingParams(max_tokens=1, temperature=0)))
     out = [o for o in engine.step() if o.request_id == "warm"][0]
     assert out.finished and out.num_cached_tokens == 288  # every full block of the first prompt (18 x 16)
     assert engine.stats()["num_computed_tokens"] - before == 320 - 288
@@ -67,10 +67,10 @@ def test_new_request_joins_at_the_next_step(tiny_long_dir, prompts):
     engine = make(tiny_long_dir)
     long = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
     for i in range(3):
-        engine.add_request(f"d{i}", prompts[i][:40], long)
+        engine.add_request(EngineRequest(f"d{i}", prompts[i][:40], long))
     engine.step()
     engine.step()
-    engine.add_request("late", prompts[3][:30], long)
+    engine.add_request(EngineRequest("late", prompts[3][:30], long))
     outs = {o.request_id: o for o in engine.step()}
     assert set(outs) == {"d0", "d1", "d2", "late"}
     assert all(len(o.new_token_ids) == 1 for o in outs.values())
@@ -80,11 +80,11 @@ def test_long_prefill_never_stalls_decodes(tiny_long_dir, prompts):
     engine = make(tiny_long_dir, max_num_batched_tokens=256)
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     for i in range(8):
-        engine.add_request(f"d{i}", prompts[i][:50], long)
+        engine.add_request(EngineRequest(f"d{i}", prompts[i][:50], long))
     for _ in range(3):
         engine.step()
     big = (prompts[8] * 6)[:4000]
-    engine.add_request("big", big, SamplingParams(max_tokens=1, temperature=0))
+    engine.add_request(EngineRequest("big", big, SamplingParams(max_tokens=1, temperature=0)))
     steps = 0
     while "big" in engine.requests:
         outs = {o.request_id: o for o in engine.step()}
@@ -99,7 +99,7 @@ def test_eviction_is_least_recently_used_session(tiny_long_dir):
     sessions = {name: [base + i % 7 for i in range(64)] for name, base in (("A", 10), ("B", 30), ("C", 50))}
 
     def hit(name, ids):
-        engine.add_request(name, ids, one)
+        engine.add_request(EngineRequest(name, ids, one))
         while engine.has_unfinished_requests():
             outs = engine.step()
         check_pool_invariants(engine)
@@ -119,9 +119,9 @@ def test_eviction_is_least_recently_used_session(tiny_long_dir):
 def test_abort_in_any_state_returns_blocks_at_once(tiny_long_dir, prompts, state):
     engine = make(tiny_long_dir, num_kv_blocks=40 if state == "preempted" else 512, max_num_batched_tokens=64)
     long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
-    engine.add_request("x", prompts[1][:300], long)
+    engine.add_request(EngineRequest("x", prompts[1][:300], long))
     if state == "preempted":
-        engine.add_request("y", prompts[2][:300], long)
+        engine.add_request(EngineRequest("y", prompts[2][:300], long))
     target = "y" if state == "preempted" else "x"
     for _ in range(200):
         req = engine.requests[target]
@@ -148,8 +148,8 @@ def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_
     clock = FakeClock()
     engine.scheduler.clock = clock
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
-    engine.add_request("late", prompts[0][:50], long, deadline=clock.t - 0.001)  # already past
-    engine.add_request("soon", prompts[1][:50], long, deadline=clock.t + 5)
+    engine.add_request(EngineRequest("late", prompts[0][:50], long, deadline=clock.t - 0.001))  # already past
+    engine.add_request(EngineRequest("soon", prompts[1][:50], long, deadline=clock.t + 5))
     outs = {o.request_id: o for o in engine.step()}
     assert outs["late"].finish_reason == FinishReason.DEADLINE and outs["late"].token_ids == []
     assert len(outs["soon"].token_ids) == 1
@@ -164,13 +164,32 @@ def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_
     assert not engine.has_unfinished_requests()
 
 
+def test_a_prompt_deadline_ends_a_request_with_no_token_yet_and_only_such_a_request(tiny_long_dir, prompts):
+    """llama.cpp's t_max_prompt_ms: no first token by then is late; a request past its first token runs on."""
+    engine = make(tiny_long_dir, max_num_batched_tokens=64)
+    clock = FakeClock()
+    engine.scheduler.clock = clock
+    long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+    engine.add_request(EngineRequest("started", prompts[0][:20], long, prompt_deadline=clock.t + 1))
+    engine.step()  # its prompt fits one step: it has a token
+    engine.add_request(EngineRequest("slow", prompts[1][:600], long, prompt_deadline=clock.t + 1))
+    engine.step()
+    clock.t += 2
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs["slow"].finish_reason == FinishReason.DEADLINE and outs["slow"].token_ids == []
+    assert not outs["started"].finished
+    assert engine.abort("started")
+    engine.step()
+    check_pool_invariants(engine)
+
+
 def test_bad_requests_are_refused(tiny_long_dir):
     engine = make(tiny_long_dir, num_kv_blocks=16)
-    engine.add_request("a", [5, 6, 7], GREEDY)
+    engine.add_request(EngineRequest("a", [5, 6, 7], GREEDY))
     with pytest.raises(ValueError, match="already in use"):
-        engine.add_request("a", [5, 6, 7], GREEDY)
+        engine.add_request(EngineRequest("a", [5, 6, 7], GREEDY))
     with pytest.raises(ValueError, match="empty"):
-        engine.add_request("b", [], GREEDY)
+        engine.add_request(EngineRequest("b", [], GREEDY))
 
 
 def test_a_failing_step_fails_its_requests_not_the_engine(tiny_long_dir, prompts):
@@ -186,8 +205,8 @@ def test_a_failing_step_fails_its_requests_not_the_engine(tiny_long_dir, prompts
 
     engine.runner.forward = flaky
     long = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    engine.add_request("a", prompts[0][:40], long)
-    engine.add_request("b", prompts[1][:40], long)
+    engine.add_request(EngineRequest("a", prompts[0][:40], long))
+    engine.add_request(EngineRequest("b", prompts[1][:40], long))
     engine.step()
     outs = {o.request_id: o for o in engine.step()}
     assert {o.finish_reason for o in outs.values()} == {FinishReason.ERROR}

@@ -5,7 +5,7 @@ from engine_checks import FakeClock, check_pool_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warmpath import SamplingParams
+from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
 
@@ -50,8 +50,8 @@ def test_random_sequences_never_leak(engine, sequence):
             _, base, extra, max_tokens, deadline, seeded = op
             rid = f"q{len(ids)}-{id(sequence)}"
             params = SamplingParams(max_tokens=max_tokens, temperature=0.7 if seeded else 0, seed=1, ignore_eos=True)
-            engine.add_request(rid, BASE[base] + [50 + extra] * extra, params,
-                               deadline=None if deadline is None else clock.t + deadline)
+            engine.add_request(EngineRequest(rid, BASE[base] + [50 + extra] * extra, params,
+                               deadline=None if deadline is None else clock.t + deadline))
             ids.append(rid)
         elif op[0] == "abort" and ids:
             engine.abort(ids[op[1] % len(ids)])

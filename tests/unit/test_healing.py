@@ -5,7 +5,7 @@ import pytest
 from engine_checks import code_texts
 from tiny_model import tiny_tokenizer
 
-from warmpath import SamplingParams
+from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
@@ -57,12 +57,13 @@ def test_the_engine_spells_the_healed_text_first_then_runs_free(tiny_long_dir):
     pieces = engine.tokenizer.token_bytes
     prompt = engine.tokenizer.encode(code_texts(1, 300, 300, seed=4)[0])
     free = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    engine.add_request("free", prompt, free)
+    engine.add_request(EngineRequest("free", prompt, free))
     heals = {"word": "    return fi", "line": "\n", "odd": "zq"}
     for name, heal in heals.items():
-        engine.add_request(name, prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, heal=heal))
-    engine.add_request("sampled", prompt, SamplingParams(max_tokens=16, temperature=0.8, seed=1, ignore_eos=True,
-                                                         heal="    return fi"))
+        params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, heal=heal)
+        engine.add_request(EngineRequest(name, prompt, params))
+    sampled = SamplingParams(max_tokens=16, temperature=0.8, seed=1, ignore_eos=True, heal="    return fi")
+    engine.add_request(EngineRequest("sampled", prompt, sampled))
     out = {}
     while engine.has_unfinished_requests():
         out.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
@@ -76,4 +77,4 @@ def test_an_engine_refuses_healing_without_a_byte_level_vocabulary(tiny_long_dir
     engine = Engine(EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=64))
     engine.__dict__["healer"] = Healer([None] * engine.tokenizer.vocab_size)
     with pytest.raises(ValueError, match="byte-level"):
-        engine.validate([1, 2, 3], SamplingParams(heal="x"))
+        engine.check(EngineRequest("h", [1, 2, 3], SamplingParams(heal="x")))

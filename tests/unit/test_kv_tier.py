@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from engine_checks import check_pool_invariants, code_texts
 
-from warmpath import SamplingParams
+from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
 from warmpath.engine.kv_tier import DiskTier
@@ -23,7 +23,7 @@ def make(path, tier: Path | None, **kw) -> Engine:
 
 def run(engine: Engine, ids: list[int], salt: str | None = None, rid: str = "r") -> tuple[list[int], int, int]:
     """(output tokens, prompt tokens not computed, of those read from the tier)"""
-    engine.add_request(rid, ids, GREEDY, cache_salt=salt)
+    engine.add_request(EngineRequest(rid, ids, GREEDY, cache_salt=salt))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
@@ -191,10 +191,10 @@ def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_l
     engine = first_run(tiny_long_dir, tmp_path, prompt)
     engine = make(tiny_long_dir, tmp_path, step_target_ms=100.0)
     other = engine.tokenizer.encode(code_texts(1, 300, 300, seed=5)[0])
-    engine.add_request("other", other, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+    engine.add_request(EngineRequest("other", other, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)))
     while not engine.requests["other"].output_token_ids:
         engine.step()
-    engine.add_request("back", prompt, GREEDY)
+    engine.add_request(EngineRequest("back", prompt, GREEDY))
     steps, other_tokens, per_step = 0, [], []
     while not engine.requests["back"].output_token_ids:
         engine.tier.seconds_per_block = 0.03  # as if a block took 30 ms to read: 3 blocks a 100 ms step

@@ -15,7 +15,8 @@ import torch
 from tiny_model import write_tiny_gguf, write_tiny_hf
 
 from warmpath import LLM, SamplingParams
-from warmpath.engine.runner import NATIVE_CONTEXT, ModelRunner, SeqInput
+from warmpath.engine.plan import NATIVE_CONTEXT
+from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.kernels import build, native
 from warmpath.kernels.native import NativeForward, NativeKernelError, matmul
 from warmpath.models import kv_quant

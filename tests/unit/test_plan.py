@@ -15,10 +15,13 @@ from warmpath.engine.plan import (
     CHUNK_SHAPES,
     DECODE_SHAPES,
     DETERMINISTIC,
+    MAX_CHUNK,
+    NATIVE_CONTEXT,
     Plan,
     choose,
     chunk_key,
     decode_key,
+    fixed,
     native_options,
     single,
 )
@@ -126,3 +129,24 @@ def test_native_backend_names_say_the_kernels_options():
     assert native_options("native-fp32") == {"activations": "fp32", "attention": "fp32"}
     assert single("native-int8-bf16attn").deterministic and single("native-int8-bf16attn").native == \
         "native-int8-bf16attn"
+
+
+def test_a_configuration_named_by_dtype_is_a_plan_with_the_fixed_rule_at_its_exact_thresholds(tmp_path):
+    """fp32 activations: decodes and chunks of at most MAX_CHUNK new tokens, or whose whole context is at most
+    NATIVE_CONTEXT, natively; torch the rest. int8 activations: every shape natively, no torch backend. The cache
+    is the named dtype's. The rule survives a save and a load."""
+    plan = fixed("native-fp32", "torch-fp32")
+    assert plan.backends == ["native-fp32", "torch-fp32"] and plan.cache == "float32" and not plan.deterministic
+    assert plan.for_decode(64, 8000) == "native-fp32"
+    assert plan.for_chunk(MAX_CHUNK, 6000) == "native-fp32" and plan.for_chunk(MAX_CHUNK + 1, 6000) == "torch-fp32"
+    assert plan.for_chunk(48, NATIVE_CONTEXT - 48) == "native-fp32"
+    assert plan.for_chunk(48, NATIVE_CONTEXT - 47) == "torch-fp32"
+    assert plan.chunk[chunk_key(512, 0)] == "native-fp32" and plan.chunk[chunk_key(128, 2048)] == "torch-fp32"
+    plan.save(tmp_path / "p.json")
+    again = Plan.load(tmp_path / "p.json")
+    assert again == plan and again.for_chunk(48, NATIVE_CONTEXT - 47) == "torch-fp32"
+    int8 = fixed("native-int8", "torch-bf16")
+    assert int8.backends == ["native-int8"] and int8.cache == "bfloat16" and int8.deterministic
+    assert int8.for_chunk(512, 6000) == "native-int8"
+    bf16 = fixed(None, "torch-bf16")
+    assert bf16.backends == ["torch-bf16"] and bf16.for_decode(1, 10) == bf16.for_chunk(512, 0) == "torch-bf16"

@@ -87,3 +87,25 @@ def test_a_native_only_plan_keeps_no_torch_model(long_gguf):
     out = llm.generate("def f(x):", GREEDY)[0]
     assert len(out.token_ids) == GREEDY.max_tokens
     assert llm.generate("def f(x):", GREEDY)[0].token_ids == out.token_ids  # warm: the same tokens
+
+
+@pytest.mark.parametrize(("config", "backends", "cache"), [
+    ({"dtype": "float32"}, ["native-fp32", "torch-fp32"], torch.float32),
+    ({"dtype": "float32", "kernel_activations": "int8"}, ["native-int8"], torch.float32),
+    ({"dtype": "float32", "kernel": "torch"}, ["torch-fp32"], torch.float32),
+    ({"dtype": "bfloat16"}, ["torch-bf16"], torch.bfloat16),
+    ({"dtype": "bfloat16", "kernel": "native"}, ["native-fp32", "torch-bf16"], torch.bfloat16),
+    ({"plan": "native-int8"}, ["native-int8"], torch.bfloat16),
+])
+def test_every_configuration_is_a_plan_and_the_step_goes_where_the_plan_says(long_gguf, config, backends, cache):
+    """A named dtype, kernel or activations is a plan too (plan.fixed): the engine holds the plan's backends and
+    nothing else, its KV cache is the plan's, and route() sends every shape where the plan names."""
+    engine = LLM(str(long_gguf), num_kv_blocks=64, **config).engine
+    plan, runner = engine.plan, engine.runner
+    assert plan.backends == backends and engine.kv_dtype == cache
+    assert (runner.native is not None) == (plan.native is not None)
+    assert (runner.model is not None) == (plan.torch is not None)
+    for new, cached in [(1, 100), (1, 4000), (32, 4000), (33, 4000), (48, 464), (48, 465), (512, 0), (512, 2048)]:
+        chosen = plan.for_decode(1, cached + 1) if new == 1 else plan.for_chunk(new, cached)
+        route = runner.route([SeqInput([0] * new, cached, [])])
+        assert (route.native == [0]) == chosen.startswith("native"), (new, cached, chosen)

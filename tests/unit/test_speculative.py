@@ -9,7 +9,7 @@ import torch
 from engine_checks import check_pool_invariants
 from tiny_model import write_tiny_gguf
 
-from warmpath import LLM, SamplingParams
+from warmpath import LLM, EngineRequest, SamplingParams
 from warmpath.engine.speculative import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
 
 # Prompts that repeat themselves (what prompt lookup feeds on) and ones that do not (non-speculating requests).
@@ -149,7 +149,7 @@ def test_the_prefix_cache_holds_only_verified_kv(tiny_gguf):
 
 
 def _logprobs(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[list[int], list]:
-    llm.engine.add_request("lp", prompt, params)
+    llm.engine.add_request(EngineRequest("lp", prompt, params))
     tokens, logprobs = [], []
     while llm.engine.has_unfinished_requests():
         for out in llm.engine.step():
@@ -242,7 +242,7 @@ def test_the_draft_computes_only_a_long_prompts_last_window(tiny_gguf, monkeypat
     llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(tiny_gguf), speculative_draft_blocks=64,
                       **kw)
     engine, seen = llm.engine, []
-    engine.add_request("long", prompt, params)
+    engine.add_request(EngineRequest("long", prompt, params))
     out = []
     while engine.has_unfinished_requests():
         out += [o for o in engine.step() if o.finished]

@@ -98,6 +98,9 @@ def render(fill: Fill, template: FimTemplate | None, layout: str = "anchored") -
                     template.stops, cursor)
 
 
+SILENT = ("deadline", "overloaded")  # finishes answered with empty text: late, or refused unrun
+
+
 @dataclass
 class Outcome:
     """A run's result as every protocol reports it. `finish`: stop | length | deadline | overloaded | error."""
@@ -113,7 +116,7 @@ class Outcome:
 
     @property
     def silent(self) -> bool:
-        return self.finish in ("deadline", "overloaded")
+        return self.finish in SILENT
 
 
 def compact(payload) -> bytes:

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from warmpath.api.fill import SILENT
 from warmpath.api.protocol import error_body
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -59,7 +60,9 @@ def envelope(kind: str, request_id: str, model: str | None, choices: list[dict],
 
 def answer(kind: str, request_id: str, model: str | None, text: str, finish: str | None, usage_: dict,
            fim_mode: str | None = None, logprobs: dict | None = None) -> dict:
-    """A whole (non-streamed) answer."""
+    """A whole (non-streamed) answer; a late or refused one (SILENT) is silence: empty text, no logprobs."""
+    if finish in SILENT:
+        text, logprobs = "", None
     return {**envelope(kind, request_id, model, [choice(kind, text, finish, logprobs=logprobs)], fim_mode=fim_mode),
             "usage": usage_}
 

@@ -1,10 +1,11 @@
 """AsyncEngine: the Engine steps in its own thread; each request gets an asyncio stream of deltas.
 
-Only the step thread touches the Engine. The event loop hands it commands (add, abort) through a thread-safe
-queue that is drained at every step boundary, gets outputs back with call_soon_threadsafe, and reads the engine's
-state from the EngineSnapshot the step thread publishes at each boundary. torch releases
-the GIL inside its kernels, so the HTTP loop keeps serving while a step computes. When there is no work the
-thread sleeps on an Event; a new command wakes it.
+Only the step thread touches the Engine. The event loop submits a request (submit(): checked, or refused when it
+cannot start before its deadline, before any answer starts), hands the step thread commands (add, abort, warm up)
+through a thread-safe queue drained at every step boundary, gets outputs back with call_soon_threadsafe, and reads
+the engine's state from the EngineSnapshot the step thread publishes at each boundary. torch releases the GIL
+inside its kernels, so the HTTP loop keeps serving while a step computes. When there is no work the thread sleeps
+on an Event; a new command wakes it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from warmpath.engine.engine import Engine
-from warmpath.engine.request import RequestOutput, SamplingParams
+from warmpath.engine.request import EngineRequest, FinishReason, RequestMetrics, RequestOutput, expiry
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +29,63 @@ class EngineDeadError(RuntimeError):
     """The step loop died; the server answers 503 until restarted."""
 
 
+class RequestStream:
+    """One submitted request's outputs, read in the event loop. It ends at the request's deadline even between
+    step boundaries (a step may be long): its last output then says DEADLINE, and the engine aborts the request
+    (Scheduler.abort keeps a late prompt warming for its session). Closing it before its end aborts the request."""
+
+    def __init__(self, owner: AsyncEngine, request: EngineRequest, refused: FinishReason | None = None):
+        self.owner, self.request = owner, request
+        self.finished = False
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._last: RequestOutput | None = None
+        if refused is not None:
+            self._queue.put_nowait(self._end(refused))
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """From the step thread."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        r = self.request
+        end = expiry(r.deadline, r.prompt_deadline, bool(self._last and self._last.token_ids))
+        try:
+            item = await asyncio.wait_for(self._queue.get(), None if end is None else max(0.0, end - time.monotonic()))
+        except TimeoutError:
+            self.close()
+            return self._end(FinishReason.DEADLINE)
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self._last, self.finished = item, item.finished
+        return item
+
+    def close(self) -> None:
+        """Abort the request in the engine unless it has finished; then nothing more is read."""
+        if not self.finished:
+            self.finished = True
+            self.owner.abort(self.request.request_id)
+
+    def _end(self, reason: FinishReason) -> RequestOutput:
+        """The last output of a request the engine has not finished (late, or refused unrun)."""
+        last = self._last
+        if last is not None:
+            return replace(last, new_token_ids=[], new_logprobs=None, finished=True, finish_reason=reason)
+        r = self.request
+        return RequestOutput(r.request_id, r.prompt_token_ids, [], [], None, "", True, reason, 0,
+                             RequestMetrics(arrival_time=time.perf_counter()))
+
+
 @dataclass
 class _Add:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    session_id: str | None
-    deadline: float | None
-    cache_salt: str | None
-    stream: asyncio.Queue
-    loop: asyncio.AbstractEventLoop
+    request: EngineRequest
+    stream: RequestStream
 
 
 @dataclass(frozen=True)
@@ -66,10 +114,7 @@ class _Abort:
 
 @dataclass
 class _WarmUp:
-    request_id: str
-    prompt_token_ids: list[int]
-    session_id: str | None
-    cache_salt: str | None
+    request: EngineRequest
 
 
 def release_thread_pool() -> bool:
@@ -93,10 +138,9 @@ class AsyncEngine:
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, _Add] = {}
-        # Prompt tokens of requests admitted but not yet in the scheduler (the command queue, and the moment
-        # between the overloaded check and the submission): the estimate must count them, or a burst that
-        # arrives within one step all passes the check.
+        self._streams: dict[str, RequestStream] = {}
+        # Prompt tokens of requests submitted but not yet in the scheduler (the command queue): the estimate must
+        # count them, or a burst that arrives within one step all passes the check.
         self._queued: dict[str, int] = {}
         self._stop = False
         self.error: BaseException | None = None
@@ -123,54 +167,31 @@ class AsyncEngine:
         self.engine.close()
 
     # -- event-loop side -------------------------------------------------------------------------------
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        session_id: str | None = None,
-        deadline: float | None = None,
-        cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs. Leaving the iteration early (client gone, cancelled) aborts it."""
+    def submit(self, request: EngineRequest) -> RequestStream:
+        """The engine's door for the event loop, called before any answer starts: ValueError / PromptTooLongError
+        for a request that can never run (Engine.check), EngineDeadError with the step loop dead. A request that
+        cannot start before its deadline, given the work queued ahead of it, is refused unrun: its stream ends at
+        once with OVERLOADED (DEADLINE when already past), and its session's prompt computes on at the lowest
+        priority, so the session's next keystroke finds it cached (a refused cold file would never warm)."""
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
-        self.engine.validate(prompt_token_ids, params)  # bad input fails here, in the caller
-        self._queued[request_id] = len(prompt_token_ids)
-        stream: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt_token_ids, params, session_id, deadline, cache_salt, stream,
-                                asyncio.get_running_loop()))
-        self._wake.set()
-        finished = False
-        try:
-            while True:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
+        self.engine.check(request)
+        now = time.monotonic()
+        if request.deadline is not None and now + self.estimate_wait() > request.deadline:
+            self._send(_WarmUp(request))
+            return RequestStream(self, request, FinishReason.DEADLINE if now >= request.deadline
+                                 else FinishReason.OVERLOADED)
+        self._queued[request.request_id] = len(request.prompt_token_ids)
+        stream = RequestStream(self, request)
+        self._send(_Add(request, stream))
+        return stream
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+        self._send(_Abort(request_id))
+
+    def _send(self, command: _Add | _Abort | _WarmUp) -> None:
+        self._commands.put(command)
         self._wake.set()
-
-    def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
-                cache_salt: str | None = None) -> None:
-        """Compute a refused request's prompt for its session's next one (Engine.warm_up), in the step thread."""
-        self._commands.put(_WarmUp(request_id, list(prompt_token_ids), session_id, cache_salt))
-        self._wake.set()
-
-    def reserve(self, request_id: str, num_tokens: int) -> None:
-        """Count a request about to be submitted in the estimate from now on (see _queued)."""
-        self._queued[request_id] = num_tokens
-
-    def unreserve(self, request_id: str) -> None:
-        self._queued.pop(request_id, None)
 
     def estimate_wait(self) -> float:
         """Seconds until a new request could be scheduled: the prompt tokens queued ahead of it (waiting
@@ -198,15 +219,15 @@ class AsyncEngine:
             except queue.Empty:
                 break
             if isinstance(cmd, _Add):
+                rid = cmd.request.request_id
                 try:
-                    self.engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.session_id,
-                                            cmd.deadline, cmd.cache_salt)
-                    self._streams[cmd.request_id] = cmd
-                except Exception as e:  # validated already; anything left goes back to its caller
-                    cmd.loop.call_soon_threadsafe(cmd.stream.put_nowait, e)
-                added.append(cmd.request_id)  # in the scheduler now (counted there), or refused
+                    self.engine.enqueue(cmd.request)
+                    self._streams[rid] = cmd.stream
+                except Exception as e:  # checked already (a reused id is left): the error goes back to its caller
+                    cmd.stream.put(e)
+                added.append(rid)  # in the scheduler now (counted there), or refused
             elif isinstance(cmd, _WarmUp):
-                self.engine.warm_up(cmd.request_id, cmd.prompt_token_ids, cmd.session_id, cmd.cache_salt)
+                self.engine.warm_up(cmd.request)
             else:
                 self.engine.abort(cmd.request_id)
         self.snapshot = EngineSnapshot.of(self.engine)
@@ -229,17 +250,17 @@ class AsyncEngine:
                 for listener in self.step_listeners:
                     listener(self.engine)
                 for out in outputs:
-                    sub = self._streams.get(out.request_id)
-                    if sub is None:
+                    stream = self._streams.get(out.request_id)
+                    if stream is None:
                         continue
                     if out.finished:
                         del self._streams[out.request_id]
-                    sub.loop.call_soon_threadsafe(sub.stream.put_nowait, out)
+                    stream.put(out)
         except BaseException as e:  # the loop is dead: every waiter hears it, /health turns 503
             log.exception("engine loop died")
             self.error = e
-            for sub in self._streams.values():
-                sub.loop.call_soon_threadsafe(sub.stream.put_nowait, EngineDeadError(f"engine loop died: {e!r}"))
+            for stream in self._streams.values():
+                stream.put(EngineDeadError(f"engine loop died: {e!r}"))
             self._streams.clear()
 
     def _learn_cost(self, tokens: int, seconds: float) -> None:

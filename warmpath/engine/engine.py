@@ -12,20 +12,19 @@ import time
 import torch
 
 from warmpath.config import EngineConfig
-from warmpath.engine.backends import make_plan, native_forward, wants_plan
+from warmpath.engine.backends import build, load_dtype
 from warmpath.engine.block_pool import BlockPool
-from warmpath.engine.dtypes import resolve_dtype, resolve_kv_dtype
 from warmpath.engine.healing import Healer
 from warmpath.engine.kv_offload import KVOffload, tier_key
 from warmpath.engine.kv_tier import DiskTier
-from warmpath.engine.plan import Plan, native_options
+from warmpath.engine.plan import Plan
 from warmpath.engine.request import (
+    EngineRequest,
     FinishReason,
     PromptTooLongError,
     Request,
     RequestMetrics,
     RequestOutput,
-    SamplingParams,
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
@@ -33,7 +32,6 @@ from warmpath.engine.scheduler import Scheduler
 from warmpath.engine.speculator import Speculator
 from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.kernels.build import start_building
-from warmpath.kernels.native import NativeForward
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
@@ -61,22 +59,16 @@ class Engine:
         self.config = config
         threads = config.num_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
-        planned = wants_plan(config)
         if config.device == "cpu":
             start_building()  # the kernel compiles (first start) while the checkpoint loads
-        self.dtype = torch.float32 if planned else resolve_dtype(config.dtype, config.device)
-        ckpt = load_checkpoint(config.model, self.dtype)
+        ckpt = load_checkpoint(config.model, load_dtype(config))
         self.source = ckpt.source
         self.model_config = ckpt.config
         self.tokenizer: Tokenizer = ckpt.tokenizer
         self.tensor_types = ckpt.tensor_types  # the file's quant mix (empty for an HF directory)
-        self.plan: Plan | None = None
-        if planned:
-            self.plan = make_plan(config, ckpt, threads)
-            self.dtype = torch.bfloat16 if self.plan.torch == "torch-bf16" else torch.float32
-        model = None
-        if self.plan is None or self.plan.torch is not None:
-            model = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, self.dtype, config.device)
+        backends = build(config, ckpt, threads)
+        self.plan: Plan = backends.plan
+        self.dtype, self.kv_dtype, model, native = backends.dtype, backends.kv_dtype, backends.model, backends.native
         if config.gemv_dtype != "none":
             half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
             if half is None or model is None or self.dtype != torch.float32:
@@ -85,20 +77,7 @@ class Engine:
             model.keep_half_width_copies(half)
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
-        # Under a plan every backend shares one 16-bit cache (half the bytes per token of fp32).
-        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, torch.bfloat16 if self.plan else self.dtype)
         self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")  # config.KV_ELEMENT_BYTES' names
-        if self.plan is not None:
-            native = None
-            if self.plan.native is not None:
-                options = native_options(self.plan.native)
-                if self.kv_dtype == torch.int8 and options["attention"] == "bf16" and config.plan != self.plan.native:
-                    log.info("int8 KV cache: the plan's native attention computes in fp32 (bf16's reads a bf16 cache)")
-                    options["attention"] = "fp32"
-                native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, config.block_size,
-                                       **options, source=ckpt.source)
-        else:
-            native = native_forward(config, ckpt, self.dtype, self.kv_dtype)
         del ckpt  # the kernel keeps its own copies of what it reads
         release_freed_memory()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
         self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
@@ -106,7 +85,7 @@ class Engine:
         blocks = self._kv_blocks(config)
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
-        self.kv_tokens = blocks * config.block_size  # the pool's size, fixed: validate() reads it from any thread
+        self.kv_tokens = blocks * config.block_size  # the pool's size, fixed: check() reads it from any thread
         kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
         if native is not None:
             native.attach_kv_cache(kv)
@@ -115,9 +94,9 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
         self.tier: KVOffload | None = None
         if config.kv_offload_dir:
-            backends = self.plan.backends if self.plan else [f"{self.dtype} {config.kernel} "
-                                                             f"{config.kernel_activations} {config.gemv_dtype}"]
-            key = tier_key(self.source, backends, self.plan.key if self.plan else "", self.kv_dtype, config.block_size,
+            gemv = [] if config.gemv_dtype == "none" else [f"gemv {config.gemv_dtype}"]
+            computed_by = self.plan.backends + gemv  # what a block's numbers depend on
+            key = tier_key(self.source, computed_by, self.plan.key, self.kv_dtype, config.block_size,
                            self.model_config)
             self.tier = KVOffload(DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes)), kv)
             self.pool.on_cached, self.scheduler.tier = self.tier.save, self.tier
@@ -149,57 +128,56 @@ class Engine:
         return self.runner.model
 
     # -- requests --------------------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        session_id: str | None = None,
-        deadline: float | None = None,
-        cache_salt: str | None = None,
-    ) -> None:
-        """Queue a request; it joins the batch at the next step. deadline is a time.monotonic() value.
-        cache_salt: requests share prefix-cache blocks only with requests of the same salt (None included)."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        ids = list(prompt_token_ids)
-        self.validate(ids, params)
-        stop = frozenset(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop |= self.tokenizer.stop_token_ids
-        req = Request(
-            request_id=request_id,
-            prompt_token_ids=ids,
-            params=params,
-            stop_token_ids=stop,
-            max_tokens=min(params.max_tokens, self.max_model_len - len(ids)),
-            generator=make_generator(params, self.config.seed, self.config.device),
-            metrics=RequestMetrics(arrival_time=time.perf_counter()),
-            session_id=session_id,
-            deadline=deadline,
-            cache_salt=cache_salt,
-            heal_left=params.heal.encode(),
-        )
-        self.requests[request_id] = req
-        self.scheduler.add(req)
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; it joins the batch at the next step. ValueError / PromptTooLongError for one that can
+        never run (check())."""
+        self.check(request)
+        self.enqueue(request)
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError / PromptTooLongError for a request that can never run. Changes nothing and reads no
-        state a step changes: the event loop calls it."""
-        if not prompt_token_ids:
+    def check(self, request: EngineRequest) -> None:
+        """Raise ValueError / PromptTooLongError for a request that can never run: the one validation of a request
+        (add_request here, AsyncEngine.submit in the event loop). Changes nothing and reads no state a step
+        changes, so any thread may call it."""
+        ids, params = request.prompt_token_ids, request.params
+        if not ids:
             raise ValueError("empty prompt")
         vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt_token_ids must be ints in [0, {vocab})")
         if params.heal and not len(self.healer.allowed(params.heal.encode()[:1])):
             raise ValueError("token healing needs a byte-level BPE vocabulary")
-        n = len(prompt_token_ids)
+        n = len(ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(
                 f"prompt of {n} tokens leaves no room to generate within max_model_len {self.max_model_len}"
             )
         if -(-(n + 1) // self.config.block_size) * self.config.block_size > self.kv_tokens:
             raise PromptTooLongError(f"prompt of {n} tokens does not fit the KV pool ({self.kv_tokens} tokens)")
+
+    def enqueue(self, request: EngineRequest) -> None:
+        """Queue a request check() passed already (AsyncEngine.submit checks it in the caller's thread)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        ids, params = list(request.prompt_token_ids), request.params
+        stop = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.tokenizer.stop_token_ids
+        req = Request(
+            request_id=request.request_id,
+            prompt_token_ids=ids,
+            params=params,
+            stop_token_ids=stop,
+            max_tokens=min(params.max_tokens, self.max_model_len - len(ids)),
+            generator=make_generator(params, self.config.seed, self.config.device),
+            metrics=RequestMetrics(arrival_time=time.perf_counter()),
+            session_id=request.session_id,
+            deadline=request.deadline,
+            cache_salt=request.cache_salt,
+            prompt_deadline=request.prompt_deadline,
+            heal_left=params.heal.encode(),
+        )
+        self.requests[request.request_id] = req
+        self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
         """Finish a request in any state; its blocks return to the pool now. False if unknown/finished."""
@@ -210,12 +188,12 @@ class Engine:
         self._finished_unreported.append(req)
         return True
 
-    def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
-                cache_salt: str | None = None) -> None:
+    def warm_up(self, request: EngineRequest) -> None:
         """A request refused unrun: its session's prompt computed on at the lowest priority for its next request
         (Scheduler.warm_up), and the session counted as quick if its prompt was nearly all cached."""
-        self.scheduler.note_arrival(session_id, prompt_token_ids, cache_salt)
-        self.scheduler.warm_up(request_id, prompt_token_ids, session_id, cache_salt)
+        r = request
+        self.scheduler.note_arrival(r.session_id, r.prompt_token_ids, r.cache_salt)
+        self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._finished_unreported)

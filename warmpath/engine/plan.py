@@ -16,7 +16,8 @@ from pathlib import Path
 
 # native-int8-bf16attn: int8 products with the attention in bf16 too (AMX tiles or AVX512-BF16 dot products: a
 # candidate only where the CPU has one), native-int8 with it in fp32.
-BACKENDS = ("native-int8", "native-int8-bf16attn", "native-fp32", "torch-bf16", "torch-fp32")
+BACKENDS = ("native-int8", "native-int8-bf16attn", "native-fp32", "torch-bf16", "torch-fp32", "torch-fp16")
+TORCH_DTYPES = {"torch-fp32": "float32", "torch-bf16": "bfloat16", "torch-fp16": "float16"}  # a torch backend's
 # Batch- and chunk-invariant: a sequence's numbers never depend on what shares its step or on where its prompt
 # was cut into chunks, so a greedy request repeats whatever the load and the cache state (the kernel's tests).
 DETERMINISTIC = ("native-int8", "native-int8-bf16attn", "native-fp32")
@@ -28,6 +29,14 @@ CHUNK_SHAPES = tuple((k, c) for k in (8, 32, 128, 512) for c in (0, 2048, 6144))
 # backends per shape (nondeterminism allowed) times every class.
 SCREEN_GFLOP = 64.0
 MARGIN, MIN_SHAPES = 1.25, 4
+# A configuration named by dtype / kernel / activations (not measured) has a fixed rule (fixed()): with fp32
+# activations the native kernel takes sequences of at most MAX_CHUNK new tokens (decodes, a warm request's new
+# tokens) and prompt chunks whose whole context is at most NATIVE_CONTEXT tokens (there its products keep up with
+# torch's GEMMs and share one pass with the step's decodes); torch's attention wins over longer contexts. With int8
+# activations every sequence runs natively: the products' speed-up outweighs the attention, and a prompt's numerics
+# then never depend on how it was chunked (docs/benchmarks.md, "The CPU fast path").
+MAX_CHUNK = 32
+NATIVE_CONTEXT = 512
 
 Timings = dict[str, dict[str, dict[str, float]]]  # backend -> "decode" | "chunk" -> shape key -> ms
 
@@ -101,6 +110,8 @@ class Plan:
     timings: Timings = field(default_factory=dict)
     deterministic: bool = True
     key: str = ""  # what it was measured for (machine, model, code): a different key means measure again
+    cache: str = "bfloat16"  # the KV cache's dtype when kv_cache_dtype is auto: one 16-bit cache for every backend
+    fixed_rule: bool = False  # chunks go by MAX_CHUNK / NATIVE_CONTEXT (fixed()), not by the chunk table
 
     @property
     def backends(self) -> list[str]:
@@ -110,6 +121,8 @@ class Plan:
         return self.decode[_nearest(self.decode, rows, context)]
 
     def for_chunk(self, new: int, cached: int) -> str:
+        if self.fixed_rule:
+            return self.native if new <= MAX_CHUNK or cached + new <= NATIVE_CONTEXT else self.torch
         return self.chunk[_nearest(self.chunk, new, cached)]
 
     def save(self, path: Path) -> None:
@@ -199,10 +212,22 @@ def native_options(backend: str) -> dict[str, str]:
     return {"activations": activations, "attention": "bf16" if attention == "bf16attn" else "fp32"}
 
 
-def single(backend: str, key: str = "") -> Plan:
+def single(backend: str, key: str = "", cache: str = "bfloat16") -> Plan:
     """A plan of one backend for every shape (a named plan: `--plan native-int8`)."""
     if backend not in BACKENDS:
         raise ValueError(f"plan must be auto, a plan file or one of {', '.join(BACKENDS)}; got {backend!r}")
     native, torch = (backend, None) if backend.startswith("native") else (None, backend)
     return Plan(native, torch, {decode_key(r, c): backend for r, c in DECODE_SHAPES},
-                {chunk_key(k, c): backend for k, c in CHUNK_SHAPES}, {}, backend in DETERMINISTIC, key)
+                {chunk_key(k, c): backend for k, c in CHUNK_SHAPES}, {}, backend in DETERMINISTIC, key, cache)
+
+
+def fixed(native: str | None, torch: str) -> Plan:
+    """The plan of a configuration named by dtype / kernel / activations: the torch model in that dtype (the KV
+    cache's too), with the native kernel beside it where asked. int8 activations compute every sequence natively
+    (no torch model); fp32 ones decodes and short chunks (MAX_CHUNK, NATIVE_CONTEXT), torch the rest."""
+    cache = TORCH_DTYPES[torch]
+    if native is None or native == "native-int8":
+        return single(native or torch, cache=cache)
+    plan = Plan(native, torch, {decode_key(r, c): native for r, c in DECODE_SHAPES}, {}, {}, False, "", cache, True)
+    plan.chunk = {chunk_key(k, c): plan.for_chunk(k, c) for k, c in CHUNK_SHAPES}  # the rule's table, for `table()`
+    return plan

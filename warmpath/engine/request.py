@@ -21,6 +21,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"
     DEADLINE = "deadline"
+    OVERLOADED = "overloaded"  # refused unrun: it could not start before its deadline (AsyncEngine.submit)
     ERROR = "error"  # can never run (e.g. needs more KV blocks than the pool has); see Request.error
 
 
@@ -72,6 +73,26 @@ class SamplingParams:
 
 
 @dataclass
+class EngineRequest:
+    """What a caller asks of the engine: the one value from the server's job to the scheduler's Request.
+    Deadlines are time.monotonic() values (the scheduler's clock): past `deadline` the request finishes with
+    DEADLINE, and past `prompt_deadline` too while it has generated nothing (llama.cpp's t_max_prompt_ms)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    session_id: str | None = None
+    deadline: float | None = None
+    cache_salt: str | None = None  # shares prefix-cache blocks only with requests of the same salt (None included)
+    prompt_deadline: float | None = None
+
+
+def expiry(deadline: float | None, prompt_deadline: float | None, generated: bool) -> float | None:
+    """When a request is late: its deadline, and before its first token the prompt phase's."""
+    return min((d for d in (deadline, None if generated else prompt_deadline) if d is not None), default=None)
+
+
+@dataclass
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -106,6 +127,7 @@ class Request:
     session_id: str | None = None
     deadline: float | None = None  # time.monotonic() past which the request is finished with DEADLINE
     cache_salt: str | None = None  # mixed into its first block's hash: shares cached blocks only within a salt
+    prompt_deadline: float | None = None  # no output by then: finished with DEADLINE (EngineRequest)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output, when params.logprobs is set
@@ -128,6 +150,10 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def expires_at(self) -> float | None:
+        return expiry(self.deadline, self.prompt_deadline, bool(self.output_token_ids))
 
     @property
     def num_tokens(self) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from warmpath.engine.plan import Plan
+from warmpath.engine.plan import Plan, single
 from warmpath.engine.threads import ThreadChoice, sample
 from warmpath.kernels.native import NativeForward
 from warmpath.models.attention import AttentionMetadata, PrefillSpan
@@ -35,16 +35,6 @@ class StepRoute:
     measured: bool = False  # the thread count is ThreadChoice's (engine/threads.py): time the step for it
 
 
-# Without a plan (a configuration asked for by name, e.g. dtype="float32", the exact one), a fixed rule:
-# with fp32 activations the native kernel takes sequences of at most MAX_CHUNK new tokens (decodes, a warm
-# request's new tokens) and prompt chunks whose whole context is at most NATIVE_CONTEXT tokens (there its
-# products keep up with torch's GEMMs and share one pass with the step's decodes); torch's attention wins over
-# longer contexts. With int8 activations every sequence runs natively: the products' speed-up outweighs the
-# attention, and a prompt's numerics then never depend on how it was chunked (docs/benchmarks.md, "The CPU fast path").
-MAX_CHUNK = 32
-NATIVE_CONTEXT = 512
-
-
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
@@ -62,7 +52,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = kv_cache.device
         self.native = native  # computes the sequences route() sends it
-        self.plan = plan  # the measured choice per shape class (engine/plan.py); None: the fixed rule below
+        if plan is None and native is not None:
+            raise ValueError("a runner with the native kernel needs the plan that says what it computes")
+        self.plan = plan or single("torch-fp32")  # which backend computes each shape (engine/plan.py); else torch
         has_copies = model is not None and model.has_half_width_copies
         self.half_width_max_rows = half_width_max_rows if has_copies else 0
         self.threads = torch.get_num_threads()  # what prompt steps use; the count in force now
@@ -87,12 +79,8 @@ class ModelRunner:
 
     def _native_computes(self, s: SeqInput, decodes: int) -> bool:
         n = len(s.token_ids)
-        if self.plan is not None:
-            chosen = self.plan.for_decode(decodes, s.num_computed + 1) if n == 1 else self.plan.for_chunk(
-                n, s.num_computed)
-            return chosen.startswith("native")
-        return self.native is not None and (
-            self.native.activations == "int8" or n <= MAX_CHUNK or s.num_computed + n <= NATIVE_CONTEXT)
+        chosen = self.plan.for_decode(decodes, s.num_computed + 1) if n == 1 else self.plan.for_chunk(n, s.num_computed)
+        return chosen.startswith("native")
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return block_table[positions // self.block_size] * self.block_size + positions % self.block_size

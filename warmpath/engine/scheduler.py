@@ -111,7 +111,7 @@ class Scheduler:
 
     def abort(self, req: Request) -> None:
         """The client gave up on req: past its deadline it is late, not stale (expire() keeps its prompt warming)."""
-        if req.deadline is not None and self.clock() >= req.deadline:
+        if req.expires_at is not None and self.clock() >= req.expires_at:
             self.expire(req)
         else:
             self.finish(req, FinishReason.ABORT)
@@ -149,7 +149,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         now = self.clock()
-        for req in [r for r in (*self.running, *self.waiting) if r.deadline is not None and now >= r.deadline]:
+        for req in [r for r in (*self.running, *self.waiting) if r.expires_at is not None and now >= r.expires_at]:
             self.expire(req)
             out.finished.append(req)
         budget = self.config.max_num_batched_tokens

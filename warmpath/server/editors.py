@@ -69,33 +69,26 @@ class Editors:
         f.prompter.dress(job, prompt, fill.scope, fill.n_indent)
         job.warmup = warmup
         if fill.prompt_ms is not None and not warmup:  # a warm-up's whole point is its prompt: never cut short
-            job.prompt_deadline = received + fill.prompt_ms / 1000
+            job.request.prompt_deadline = received + fill.prompt_ms / 1000
         if fill.predict_ms is not None:
             job.predict_s = fill.predict_ms / 1000
         return job
 
     # -- the answer ---------------------------------------------------------------------------------------------
-    @staticmethod
-    def outcome(job: Job) -> Outcome:
-        now = time.monotonic()
-        first = job.first_token
-        return Outcome(text=job.text, finish=job.finish_reason or "abort", prompt_tokens=len(job.prompt_ids),
-                       cached_tokens=job.num_cached, generated_tokens=0 if job.warmup else job.num_generated,
-                       prompt_s=(first or now) - job.received, predict_s=now - first if first else 0.0,
-                       truncated=job.truncated)
-
     async def respond(self, wire, fill: Fill, job: Job, request: Request) -> Response:
-        self.f.jobs.check_alive()
-        if fill.stream:  # the background task records a job whose client left before the stream started
+        self.f.jobs.start(job)
+        if fill.stream:  # the background task ends a job whose client left before the stream started
             return StreamingResponse(self._stream(wire, fill, job), media_type=wire.STREAM_MEDIA, headers=SSE_HEADERS,
-                                     background=BackgroundTask(self.f.jobs.record, job))
+                                     background=BackgroundTask(self.f.jobs.end, job))
         try:
             await unless_disconnected(request, self.f.jobs.collect(job))
         except ClientGone:
             return Response(status_code=499)
         except EngineDeadError as e:
             raise wire.error(503, str(e)) from None
-        out = self.outcome(job)
+        finally:
+            self.f.jobs.end(job)  # also when the collecting stopped before it began
+        out = job.outcome()
         if out.finish == "error":
             raise wire.error(500, "the engine could not run this request")
         return Response(wire.answer(fill, job.request_id, out, self.f.model_name), media_type="application/json")
@@ -104,10 +97,10 @@ class Editors:
         model = self.f.model_name
         try:
             async for delta in self.f.jobs.run(job):
-                yield wire.event(fill, job.request_id, delta, self.outcome(job), model)
+                yield wire.event(fill, job.request_id, delta, job.outcome(), model)
         except EngineDeadError as e:
             yield wire.stream_error(str(e))
             return
-        out = self.outcome(job)
+        out = job.outcome()
         yield wire.stream_error("the engine could not run this request") if out.finish == "error" else \
             wire.end(fill, job.request_id, out, model)

@@ -27,8 +27,6 @@ from warmpath.server.jobs import Job, Jobs
 from warmpath.server.logprobs import LogprobFormatter
 from warmpath.server.prompter import Prompter
 
-SILENCE = ("deadline", "overloaded")  # finish reasons answered with empty text
-
 
 class Frontend:
     """What the routes share: the engine, its model names and prompt formats, and the jobs it runs."""
@@ -125,24 +123,23 @@ class Frontend:
 
     # -- answers ----------------------------------------------------------------------------------------------
     async def respond(self, job: Job, body: SamplingFields, request: Request):
-        """The job's answer; one that cannot start before its deadline is refused at once ("overloaded", by
-        jobs.run, before it reaches the engine)."""
-        self.jobs.check_alive()
+        """The job's answer; one the engine refuses is a 400 before any answer starts, one that cannot start
+        before its deadline is refused at once ("overloaded": silence)."""
+        self.jobs.start(job)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             # The background task runs when the response is done, also when the client left before the stream
             # started (the stream's own cleanup never ran then): the job is counted as the client's abort.
             return StreamingResponse(self._sse(job, include_usage), media_type="text/event-stream",
-                                     headers=wire.SSE_HEADERS, background=BackgroundTask(self.jobs.record, job))
+                                     headers=wire.SSE_HEADERS, background=BackgroundTask(self.jobs.end, job))
         try:  # not streamed: watch for the client going away while we compute
             await unless_disconnected(request, self.jobs.collect(job))
         except ClientGone:
             return Response(status_code=499)
         except EngineDeadError as e:
             raise ApiError(503, str(e), "server_error", code="engine_dead") from None
-        if job.finish_reason in SILENCE:  # late or refused: silence
-            return wire.answer(job.kind, job.request_id, self.model_name, "", job.finish_reason, job.usage(),
-                               job.fim_mode)
+        finally:
+            self.jobs.end(job)  # also when the collecting stopped before it began
         return wire.answer(job.kind, job.request_id, self.model_name, job.echo + job.text, job.finish_reason,
                            job.usage(), job.fim_mode, self._logprobs(job))
 
@@ -157,10 +154,10 @@ class Frontend:
         return view
 
     def _chunk(self, job: Job, text: str, finish: str | None, first: bool = False) -> str:
-        if first and finish not in SILENCE:
+        if first and not job.silent:
             text = job.echo + text
         return wire.sse(wire.chunk(job.kind, job.request_id, self.model_name, text, finish, first, job.fim_mode,
-                                   None if finish in SILENCE else self._logprobs(job)))
+                                   None if job.silent else self._logprobs(job)))
 
     async def _sse(self, job: Job, include_usage: bool):
         first = True

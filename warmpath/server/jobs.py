@@ -1,43 +1,39 @@
-"""A request's life in the server: built from a validated body (a Job), refused at once if it cannot start
-before its deadline, run through the AsyncEngine as text deltas, and recorded in the metrics when it ends
-(however it ends: finished, late, refused, or abandoned by its client)."""
+"""A request's life in the server: built from a parsed body (a Job), submitted to the AsyncEngine before any answer
+starts (a 400 for a request the engine can never run; one that cannot start before its deadline ends at once,
+refused), run as text deltas, and recorded in the metrics when it ends (however it ends: finished, late, refused,
+or abandoned by its client)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline, session_key
+from warmpath.api.fill import SILENT, Outcome
 from warmpath.api.fim import FimTemplate
 from warmpath.api.protocol import ApiError, SamplingFields
 from warmpath.api.responses import new_id, usage
-from warmpath.engine.async_engine import AsyncEngine
+from warmpath.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
-from warmpath.engine.request import FinishReason, PromptTooLongError, RequestOutput, SamplingParams, TokenLogprob
+from warmpath.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from warmpath.server.limits import Chain
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
-           FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
+           FinishReason.OVERLOADED: "overloaded", FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
 
 
 @dataclass
 class Job:
     """One HTTP request on its way through the engine."""
 
-    request_id: str
+    request: EngineRequest  # what the engine is asked (its prompt, parameters, session, deadlines, salt)
     kind: str  # "completion" | "chat"
-    prompt_ids: list[int]
-    params: SamplingParams
     stop: list[str]
-    session_id: str | None
     received: float  # time.monotonic() at receipt
-    deadline: float | None
-    cache_salt: str | None = None
     cutter: Chain | None = None  # where the answer ends: the completion scope, llama.cpp's n_indent
     fim_mode: str | None = None
     text: str = ""
@@ -53,15 +49,41 @@ class Job:
     text_offset: int = 0  # characters of the answer the logprobs taken so far cover
     logprob_chars: int = 0  # characters of the answer's text the tokens taken so far spell
     cut: bool = False  # a stop string or the cutter ended the text: tokens after the cut are not reported
-    # Editor protocols (server/editors.py): llama.cpp's limits and the warm-up.
-    prompt_deadline: float | None = None  # no first token by then: silence (t_max_prompt_ms)
+    stream: RequestStream | None = None  # once submitted (Jobs.start)
+    # Editor protocols (server/editors.py): llama.cpp's t_max_predict_ms and the warm-up.
     predict_s: float | None = None  # this long after the first token, end at the first newline (t_max_predict_ms)
     warmup: bool = False  # only fill the prefix cache: the one token generated is not reported
     newline: bool = False  # a newline has been generated (before any cutter held it back)
     truncated: bool = False  # repository context or prefix was left out to fit the context
 
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def silent(self) -> bool:
+        return self.finish_reason in SILENT
+
     def usage(self) -> dict:
         return usage(len(self.prompt_ids), self.num_generated, self.num_cached, self.num_tier)
+
+    def outcome(self) -> Outcome:
+        """The job's answer as every protocol reports it (each protocol's answer is silence when it is late or
+        refused: Outcome.silent)."""
+        now, first = time.monotonic(), self.first_token
+        return Outcome(text=self.echo + self.text, finish=self.finish_reason or "abort",
+                       prompt_tokens=len(self.prompt_ids), cached_tokens=self.num_cached,
+                       generated_tokens=0 if self.warmup else self.num_generated,
+                       prompt_s=(first or now) - self.received, predict_s=now - first if first else 0.0,
+                       truncated=self.truncated)
 
     def take_logprobs(self, num_chars: Callable[[int], int]) -> list[tuple[int, TokenLogprob]]:
         """The logprobs of tokens not yet reported whose text has been shown (for the next chunk): a token whose
@@ -98,12 +120,13 @@ class Jobs:
         except UnicodeDecodeError:  # part of a character: the prompt stays as it is
             return
         if text:
-            job.prompt_ids, job.params.heal = job.prompt_ids[:-1], text
+            job.request.prompt_token_ids, job.params.heal = job.prompt_ids[:-1], text
             job.logprob_chars = -len(text)  # the first token's characters include it; the answer's text does not
 
     def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
              max_tokens: int | None, cache_salt: str | None = None) -> Job:
-        """A job for this prompt, or ApiError (400) if it does not fit the model or its parameters are bad."""
+        """A job for this prompt, or ApiError (400) if its parameters are bad or it does not fit the model with
+        the max_tokens asked for (the engine checks the rest at start())."""
         max_len = self.engine.max_model_len
         if max_tokens is None:
             max_tokens = max(1, max_len - len(prompt_ids))
@@ -116,51 +139,30 @@ class Jobs:
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
                                     top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
                                     logprobs=body.num_logprobs)
-            self.engine.validate(prompt_ids, params)
-        except (ValueError, PromptTooLongError) as e:
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        request = EngineRequest(new_id(kind[:4]), prompt_ids, params, session_key(headers, body.user),
+                                parse_deadline(headers, received), cache_salt)
+        return Job(request, kind, body.stop or [], received, num_tier=None if self.engine.tier is None else 0)
+
+    def start(self, job: Job) -> None:
+        """Submit the job, before its answer starts: ApiError 400 if the engine can never run it, 503 if the engine
+        loop is dead. A job that cannot start before its deadline is refused unrun (AsyncEngine.submit): its run
+        ends at once, "overloaded" ("deadline" if already past), its answer silence."""
+        self.heal(job)
+        try:
+            job.stream = self.async_engine.submit(job.request)
+        except EngineDeadError as e:
+            raise ApiError(503, str(e), "server_error", code="engine_dead") from None
+        except ValueError as e:  # PromptTooLongError too
             raise ApiError(400, str(e), param="prompt") from None
-        return Job(new_id(kind[:4]), kind, prompt_ids, params, body.stop or [], session_key(headers, body.user),
-                   received, parse_deadline(headers, received), cache_salt,
-                   num_tier=None if self.engine.tier is None else 0)
-
-    def refuse_if_overloaded(self, job: Job) -> bool:
-        """Can the job not even start before its deadline, given the work queued ahead of it? Then it is
-        recorded as "overloaded" ("deadline" if it is already past) and never submitted: its answer is silence,
-        and its session's prompt computes on at the lowest priority, so that session's next keystroke finds it
-        cached (a refusal is a deadline miss known in advance: refused unrun, a cold file would never warm).
-        Otherwise it counts as queued ahead of the next one from now on (run() submits it)."""
-        now = time.monotonic()
-        if job.deadline is None or now + self.async_engine.estimate_wait() <= job.deadline:
-            self.async_engine.reserve(job.request_id, len(job.prompt_ids))
-            return False
-        self.async_engine.warm_up(job.request_id, job.prompt_ids, job.session_id, job.cache_salt)
-        job.finish_reason = "deadline" if now >= job.deadline else "overloaded"
-        self.metrics.aborted.labels(job.finish_reason).inc()
-        self.metrics.requests.labels(job.finish_reason).inc()
-        return True
-
-    def check_alive(self) -> None:
-        if not self.async_engine.alive:
-            raise ApiError(503, "the engine loop is not running", "server_error", code="engine_dead")
 
     async def run(self, job: Job) -> AsyncIterator[str]:
-        """Text deltas; sets job.finish_reason ("overloaded" and nothing: refused unrun). Enforces the deadline
-        itself (the engine only sees it at step boundaries, which may be long). Closing it early aborts the
-        request in the engine."""
-        if self.refuse_if_overloaded(job):  # checked here, right before submitting: see reserve()
-            return
-        self.heal(job)
+        """The text deltas of a started job; sets job.finish_reason. The deadlines are the stream's (it ends at
+        them, also between steps). Closing this early aborts the request in the engine."""
         detok = IncrementalDetokenizer(self.engine.tokenizer, stop=job.stop, heal=job.params.heal)
-        gen = self.async_engine.generate(job.request_id, job.prompt_ids, job.params, job.session_id, job.deadline,
-                                         job.cache_salt)
         try:
-            while True:
-                try:
-                    out = await asyncio.wait_for(anext(gen), self._timeout(job))
-                except (TimeoutError, StopAsyncIteration):
-                    job.finish_reason = "deadline"
-                    self.metrics.aborted.labels("deadline").inc()
-                    return
+            async for out in job.stream:
                 delta = self._take(job, out, detok)
                 if delta:
                     job.text += delta
@@ -170,8 +172,6 @@ class Jobs:
                     return
                 if out.finished:
                     job.finish_reason = "stop" if detok.stopped else _FINISH[out.finish_reason]
-                    if job.finish_reason == "deadline":
-                        self.metrics.aborted.labels("deadline").inc()
                     return
                 if job.predict_s is not None and job.newline and time.monotonic() - job.first_token > job.predict_s:
                     # llama.cpp's t_max_predict_ms: past the budget, a completion that has a newline ends here
@@ -183,20 +183,19 @@ class Jobs:
                     job.finish_reason = "length"
                     return
         finally:
-            await gen.aclose()  # aborts the request in the engine unless it finished
-            self.async_engine.unreserve(job.request_id)
-            self.record(job)
+            self.end(job)
+
+    def end(self, job: Job) -> None:
+        """The job's end, however it came (also a response whose stream never started): the request is aborted in
+        the engine unless it finished, and the job recorded. Safe to call again."""
+        if job.stream is not None:
+            job.stream.close()
+        self.record(job)
 
     async def collect(self, job: Job) -> None:
         """Runs the job to its end; its text is in job.text."""
         async for _ in self.run(job):
             pass
-
-    @staticmethod
-    def _timeout(job: Job) -> float | None:
-        """Seconds until the job's next deadline: its own, and before its first token the prompt phase's."""
-        ends = [d for d in (job.deadline, job.prompt_deadline if job.first_token is None else None) if d is not None]
-        return None if not ends else max(0.0, min(ends) - time.monotonic())
 
     @staticmethod
     def _take(job: Job, out: RequestOutput, detok: IncrementalDetokenizer) -> str:
@@ -231,6 +230,8 @@ class Jobs:
         if job.finish_reason is None:  # the client went away
             m.aborted.labels("client").inc()
             job.finish_reason = "abort"
+        elif job.finish_reason in SILENT:
+            m.aborted.labels(job.finish_reason).inc()
         m.requests.labels(job.finish_reason).inc()
         if job.cutter is not None and job.cutter.rule is not None:
             m.scope_cuts.labels(job.cutter.rule).inc()

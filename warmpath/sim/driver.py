@@ -22,7 +22,7 @@ from warmpath.client.editor import EditorSession
 from warmpath.client.outcome import outcome
 from warmpath.config import ClientConfig, SchedulerConfig, ServerConfig, SimConfig
 from warmpath.engine.block_pool import BlockPool
-from warmpath.engine.request import Request, RequestMetrics, SamplingParams
+from warmpath.engine.request import EngineRequest, Request, RequestMetrics, SamplingParams
 from warmpath.engine.scheduler import Scheduler
 from warmpath.router.policies import RouteKey, Router
 from warmpath.sim.cost import CostModel, StepShape, step_shape
@@ -146,7 +146,8 @@ class RealBackend:
 
     def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None, now: float):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        self.engine.add_request(rid, ids, params, session, None if deadline is None else self.origin + deadline)
+        at = None if deadline is None else self.origin + deadline
+        self.engine.add_request(EngineRequest(rid, ids, params, session, at))
 
     def abort(self, rid: str, now: float) -> None:  # the engine's own clock says when
         if rid in self.engine.requests:
