@@ -55,8 +55,9 @@ class SchedulerConfig:
     # behind another session's long prompt waits for a short step, not a 512-token one; 0: off (chunks fill the
     # budget). Cold sessions alone are never paced: short chunks would only add each step's fixed cost.
     step_target_ms: float = 100.0
-    # A session's request that passes its deadline mid-prompt leaves its prompt computing on, with what budget the
-    # others leave, until the session's next request comes: that keystroke then finds the prefix cached.
+    # A session's request left mid-prompt (past its deadline, or closed by its client) leaves its prompt computing
+    # on, with what budget the others leave, until the session's next request comes: that keystroke then finds the
+    # prefix cached.
     warm_late_prompts: bool = True
 
 
@@ -83,7 +84,7 @@ class EngineConfig:
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens  # per-step token budget (chunks + decodes)
     max_num_seqs: int = SchedulerConfig.max_num_seqs  # the most requests running at once
     step_target_ms: float = SchedulerConfig.step_target_ms  # a prompt's chunk while a quick session waits; 0: off
-    warm_late_prompts: bool = SchedulerConfig.warm_late_prompts  # a prompt past its deadline computes on, for later
+    warm_late_prompts: bool = SchedulerConfig.warm_late_prompts  # a prompt left unfinished computes on, for later
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt's cached prefix
     num_threads: int | None = None  # threads of a step (the kernel's and torch's); default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)

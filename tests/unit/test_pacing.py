@@ -181,3 +181,35 @@ def test_a_warm_up_gives_its_blocks_back_before_anyone_waits_for_them():
     s.add(request("bob", 500, "bob"))  # needs more blocks than are free: the warm-up goes, bob runs
     plan = s.schedule()
     assert warm.finished and [c.request.request_id for c in plan.chunks] == ["bob"] and not s.stats.num_preemptions
+
+
+def test_a_prompt_its_client_left_computes_on_for_the_next_keystroke_unless_that_one_is_in():
+    """Stale or dropped by the editor's own first-token deadline (which the server never sees), a session's
+    request closed mid-prompt leaves a warm-up: the next keystroke's prompt shares all of it but its end. Not when
+    the session's next request is in already, nor for a request past its prompt, nor without a session."""
+    s, clock = scheduler()
+    left = request("left", 1500, "alice")
+    s.add(left)
+    s.update(s.schedule(), [])  # one 512-token chunk
+    s.abort(left)
+    assert left.finish_reason == FinishReason.ABORT
+    assert [w.prompt_token_ids for w in s.warming] == [left.prompt_token_ids[:1488]]
+    s.add(nxt := request("next", 1502, "alice"))  # the next keystroke ends the warm-up
+    assert not s.warming
+    s.abort(nxt)  # closed before admission: warms again
+    assert len(s.warming) == 1
+    s.add(newer := request("newer", 1504, "alice"))
+    s.add(newest := request("newest", 1506, "alice"))
+    s.abort(newer)  # the newest is in: it computes the prompt itself
+    assert not s.warming and newest in s.waiting
+    s.finish(newest, FinishReason.ABORT)
+    s.add(bob := request("bob", 40, "bob"))
+    plan = s.schedule()
+    s.update(plan, [[1] for c in plan.chunks if c.sample])
+    assert bob.output_token_ids
+    s.abort(bob)  # past its prompt: nothing to warm
+    anonymous = Request("anon", list(range(9000, 9600)), SamplingParams(max_tokens=4), frozenset(), 4, None,
+                        RequestMetrics(arrival_time=0.0))
+    s.add(anonymous)
+    s.abort(anonymous)  # no session: nobody's next keystroke
+    assert not s.warming

@@ -77,7 +77,7 @@ def test_fleets_use_the_routers_policies(editor):
     affine, driver = run(editor, 250, nodes=3, policy="session")
     spread, _ = run(editor, 250, nodes=3, policy="round-robin")
     assert type(driver.router).__module__ == "warmpath.router.policies"
-    assert affine["prefix_hit_rate"] > spread["prefix_hit_rate"] + 0.1
+    assert 1 - affine["prefix_hit_rate"] < (1 - spread["prefix_hit_rate"]) / 2  # misses are what cost
     assert {r.node for r in driver.records.values()} == {0, 1, 2}
     by_session = {}
     for r in driver.records.values():
@@ -285,9 +285,10 @@ def test_a_paper_profile_cannot_be_calibrated(capsys):
     assert "paper profile" in capsys.readouterr().err
 
 
-def test_the_simulator_keeps_a_late_prompt_warming_as_the_engine_does():
-    """The client gives up at its deadline: the engine tells late from stale by its clock (Scheduler.abort), and
-    the simulated backend must too, or a cold prompt never warms in the simulation while it does on a server."""
+def test_the_simulator_keeps_a_left_prompt_warming_as_the_engine_does():
+    """The client gives up, late or stale: the engine keeps a session's unfinished prompt warming either way
+    (Scheduler.abort) and tells late from stale by its clock; the simulated backend must too, or a cold prompt
+    never warms in the simulation while it does on a server."""
     b = SimBackend(CostModel(base=0.01, per_token=0.004, prefill_attention=0.0, per_seq=0.0, kv_read=0.0), 512)
     b.add("late", list(range(1000)), 4, "alice", 0.3, 0.0)
     b.step(0.0)
@@ -295,9 +296,10 @@ def test_the_simulator_keeps_a_late_prompt_warming_as_the_engine_does():
     assert [r.session_id for r in b.scheduler.warming] == ["alice"]
     b.add("stale", list(range(5000, 6000)), 4, "bob", 0.8, 0.5)
     b.step(0.5)
-    b.abort("stale", 0.6)  # a newer keystroke before the deadline: stale, nothing left behind
+    b.abort("stale", 0.6)  # before the deadline: stale, and its prompt warms on for bob's next keystroke
     warm = [r.session_id for r in (*b.scheduler.warming, *b.scheduler.running) if r.warmup]
-    assert warm == ["alice"]
+    assert sorted(warm) == ["alice", "bob"]
+    assert b.scheduler.stats.num_deadline_expired == 1 and b.scheduler.stats.num_aborted == 1
 
 
 def test_the_simulated_kv_tier_brings_an_evicted_session_back_by_reading_at_the_disks_rate(editor):
@@ -317,8 +319,9 @@ def test_the_simulated_kv_tier_brings_an_evicted_session_back_by_reading_at_the_
     # before the first step timed: the scheduler does not know yet).
     assert with_tier(8, "h100-llama3-8b")[0]["tier_hit_rate"] < 0.001
     tier = driver.backends[0].tier
-    assert tier.restored_blocks * 16 == pytest.approx(big["tier_hit_rate"] * sum(
-        b.scheduler.stats.prefix_cache_queried_tokens for b in driver.backends))
+    # every tier hit is a block read (warm-ups read some more, for their session's next keystroke)
+    assert tier.restored_blocks * 16 >= big["tier_hit_rate"] * sum(
+        b.scheduler.stats.prefix_cache_queried_tokens for b in driver.backends) > 0
     b = SimBackend(COST, 64, tier=type(tier)(1 << 30, 1000, 1e6))  # 1 ms a block
     b.add("a", list(range(800)), 1, "alice", None, 0.0)
     while b.busy():

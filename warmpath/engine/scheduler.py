@@ -86,21 +86,23 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.warming)
 
-    def expire(self, req: Request) -> None:
-        """Finish a request past its deadline. A session's request still in its prompt leaves a warm-up behind
-        (warm_up()) until the session's next request comes."""
+    def expire(self, req: Request, reason: FinishReason = FinishReason.DEADLINE) -> None:
+        """Finish a request past its deadline (or one its client left: abort()). A session's request still in its
+        prompt leaves a warm-up behind (warm_up()) until the session's next request comes."""
         full = len(req.prompt_token_ids) // self.block_size * self.block_size
         if not req.warmup and not req.output_token_ids and req.num_computed_tokens < full - 1:
             self.warm_up(req.request_id, req.prompt_token_ids, req.session_id, req.cache_salt)
-        self.finish(req, FinishReason.DEADLINE)
+        self.finish(req, reason)
 
     def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
                 cache_salt: str | None = None) -> None:
         """Compute a session's prompt's full blocks at the lowest priority, reported to nobody and never counted in
-        the cache statistics: for a request late mid-prompt (expire()) or refused unrun as overloaded (the server),
-        so the session's next keystroke finds its prefix cached. The session's next request (or warm-up) ends it."""
+        the cache statistics, for its next keystroke: a request left mid-prompt (expire()) or refused unrun (the
+        server). The session's next request (or warm-up) ends it; one already in computes it itself."""
         full = len(prompt_token_ids) // self.block_size * self.block_size
-        if not self.config.warm_late_prompts or session_id is None or full == 0:
+        newer = any(r.session_id == session_id and not r.warmup and r.request_id != request_id
+                    for r in (*self.waiting, *self.running))
+        if not self.config.warm_late_prompts or session_id is None or full == 0 or newer:
             return
         for w in [r for r in (*self.warming, *self.running) if r.warmup and r.session_id == session_id]:
             self.finish(w, FinishReason.ABORT)
@@ -110,11 +112,11 @@ class Scheduler:
                                     cache_salt=cache_salt, warmup=True))
 
     def abort(self, req: Request) -> None:
-        """The client gave up on req: past its deadline it is late, not stale (expire() keeps its prompt warming)."""
-        if req.expires_at is not None and self.clock() >= req.expires_at:
-            self.expire(req)
-        else:
-            self.finish(req, FinishReason.ABORT)
+        """The client gave up on req: late (past its deadline), or stale (its developer typed again, or the editor's
+        own first-token deadline passed). Either way its prompt computes on (expire()): the session's next keystroke
+        shares all of it but its end, so that is the work it needs first, done before it comes, in nobody's way."""
+        late = req.expires_at is not None and self.clock() >= req.expires_at
+        self.expire(req, FinishReason.DEADLINE if late else FinishReason.ABORT)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """Finish a request in any state; its blocks go back to the pool at once (full ones stay cached)."""
@@ -271,12 +273,10 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted.append(req)
         self.stats.num_preemptions += 1
-        log.warning(
-            "preempted request %s (%d tokens, recompute from the prefix cache); %d preemptions so far, "
-            "%d running, %d waiting, %d/%d blocks free",
-            req.request_id, req.num_tokens, self.stats.num_preemptions, len(self.running), len(self.waiting),
-            self.pool.num_free, self.pool.num_blocks,
-        )
+        log.warning("preempted request %s (%d tokens, recompute from the prefix cache); %d preemptions so far, "
+                    "%d running, %d waiting, %d/%d blocks free", req.request_id, req.num_tokens,
+                    self.stats.num_preemptions, len(self.running), len(self.waiting), self.pool.num_free,
+                    self.pool.num_blocks)
 
     def _admit(self, req: Request, budget: int, out: SchedulerOutput, queue: deque[Request] | None = None) -> bool:
         tokens = req.all_token_ids
