@@ -133,11 +133,12 @@ def test_a_late_prompt_computes_on_for_its_session_and_yields_to_everyone():
     assert late in plan.finished and late.finish_reason.value == "deadline"
     warm = [c.request for c in plan.chunks]
     assert len(warm) == 1 and warm[0].warmup and warm[0].num_cached_tokens == 512  # its computed blocks, reused
+    assert plan.chunks[0].num_tokens == s.latency_chunk == 32  # alone, still one short step's chunk
     assert s.stats.prefix_cache_queried_tokens == 1500  # a warm-up is not a request in the statistics
     s.update(plan, [])
     s.add(request("key", 20, "bob"))  # someone else's keystroke comes first, whole
     plan = s.schedule()
-    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks][0] == ("key", 20)
+    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [("key", 20)]  # the warm-up sits out
     s.update(plan, [[1] for c in plan.chunks if c.sample])
     for _ in range(200):
         plan = s.schedule()

@@ -57,9 +57,7 @@ def fixed_plan(config: EngineConfig) -> Plan | None:
 def load_dtype(config: EngineConfig) -> torch.dtype:
     """The dtype the checkpoint is read in: a named dtype's own; float32 where a plan is named or measured (each
     backend then takes what it needs)."""
-    plan = fixed_plan(config)
-    torch_backend = TORCH_BACKEND[resolve_dtype(config.dtype, config.device)] if plan else None
-    return getattr(torch, TORCH_DTYPES[torch_backend]) if torch_backend else torch.float32
+    return resolve_dtype(config.dtype, config.device) if fixed_plan(config) else torch.float32
 
 
 def plan_for(config: EngineConfig, ckpt, threads: int) -> Plan:

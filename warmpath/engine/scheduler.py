@@ -211,9 +211,10 @@ class Scheduler:
                 continue
             budget -= out.chunks[-1].num_tokens if out.chunks and out.chunks[-1].request is req else 0
 
-        # 3. Warm-ups, with what is left: the running ones, then one more admitted. None in a step that preempted.
+        # 3. Warm-ups, only in a step with nothing else and a paced chunk at most: they never lengthen anyone's step.
+        budget = 0 if out.chunks else budget if chunk is None else min(budget, chunk)
         for req in [r for r in self.running if r.warmup]:
-            n = min(req.num_tokens - req.num_computed_tokens, budget, cap(req))
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
             need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
             if out.preempted or n <= 0:
                 break
@@ -226,7 +227,7 @@ class Scheduler:
         if self.warming and not out.preempted and not self.waiting and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs:
             warm = self.warming[0]
-            if not self._admit(warm, min(budget, cap(warm)), out, self.warming):
+            if not self._admit(warm, budget, out, self.warming):
                 self.finish(warm, FinishReason.ABORT)  # a warm-up never waits for blocks
         return out
 
