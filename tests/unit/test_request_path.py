@@ -85,3 +85,34 @@ def test_a_late_request_is_silence_counted_once(server, path, stream):
     if path == "/v1/completions":
         chunks = [e for e in r.text.split("\n\n") if e.startswith("data: {")] if stream else [r.text]
         assert all('"text": ""' in c or '"text":""' in c for c in chunks), r.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_right_after_sending_leaves_nothing_behind(server, stream):
+    """Submitted before its answer starts, a request whose client closes the socket at once is aborted all the
+    same (the stream's end, or the response's background task when the stream never started): no request, no
+    block held, counted once as the client's abort."""
+    import json
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    url, app = server
+    engine = app.state.engine
+    before = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
+    aborted = app.state.async_engine.snapshot.stats["num_aborted"]
+    body = json.dumps({"prompt": CODE * 4, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                       "stream": stream}).encode()
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    with socket.create_connection((host, port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if counter(url, "warmpath_requests_aborted_total", 'reason="client"') == before + 1 and \
+                not engine.requests and engine.pool.num_used == 0:
+            break
+        time.sleep(0.1)
+    assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == before + 1
+    assert not engine.requests and engine.pool.num_used == 0
+    assert app.state.async_engine.snapshot.stats["num_aborted"] >= aborted + 1  # stopped, not run to its end
