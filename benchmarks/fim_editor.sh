@@ -20,7 +20,10 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 serve() { exec $BIN/warmpath serve --model "$MODEL" --num-threads "$THREADS" --port "$@"; }
+ready() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return; sleep 0.5; done; }
+# The first start on a machine measures the plan and the prompt speed (the FIM suffix's budget): alone, then kept
 serve 8100 >"$logs/anchored.log" 2>&1 & pids+=($!)
+ready 8100
 serve 8101 >"$logs/openai.log" 2>&1 & pids+=($!)
 if [ "${CURSOR:-1}" = 1 ]; then serve 8102 --fim-layout cursor >"$logs/cursor.log" 2>&1 & pids+=($!); fi
 # llama-server: a slot per developer (its cache is per slot), a unified KV of ~2,500 tokens a slot, and
@@ -35,15 +38,13 @@ if [ "${CURSOR:-1}" = 1 ]; then
   targets+=(--baseline http://127.0.0.1:8102) protocols+=,infill names+=,warmpath-cursor-layout ports+=" 8102"
 fi
 targets+=(--baseline http://127.0.0.1:8103) protocols+=,infill names+=,llama-server-infill
-for port in $ports; do  # a first start measures the plan: up to a minute or two
-  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break; sleep 0.5; done
-done
+for port in $ports; do ready "$port"; done
 $BIN/warmpath bench "${BENCH[@]}" --fim "${targets[@]}" --protocols "$protocols" --names "$names" \
   --json "benchmarks/results/fim_editor_${TAG}.json" --markdown "$@"
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 pids=()
 serve 8100 >"$logs/nofim.log" 2>&1 & pids+=($!)
-for _ in $(seq 600); do curl -sf "http://127.0.0.1:8100/v1/models" >/dev/null && break; sleep 0.5; done
+ready 8100
 $BIN/warmpath bench "${BENCH[@]}" --no-fim --target http://127.0.0.1:8100 --protocols infill --names warmpath-no-suffix \
   --json "benchmarks/results/fim_editor_${TAG}_nofim.json" --markdown "$@"

@@ -4,7 +4,8 @@ machine chooses, with the exact fp32 torch path, and against llama.cpp's `llama-
 built: `python benchmarks/baselines/llama_server.py install`) with the same FIM prompt written out, and through
 its /infill as llama.vim gets it (llama.cpp's repo-level prompt, `<|repo_name|>myproject` ...) (issue 29, point
 6); each FIM layout (api/fim.py: anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33); the
-int8 KV cache against the default bf16 one (issue 30: `--configs default,kv-int8`).
+int8 KV cache against the default bf16 one (issue 30: `--configs default,kv-int8`); the FIM suffix cut to its first
+lines (issue 33: `--configs suffix-all,suffix-32,...`, `--fim-suffix-tokens`).
 
     python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
 """
@@ -90,6 +91,9 @@ def main() -> None:
                                                                     "torch-fp32"], "openai", ()),
         "fp32-cursor": ("warmpath fp32, --fim-layout cursor", [WARMPATH, "serve", "--model", model, "--plan",
                                                                "torch-fp32", "--fim-layout", "cursor"], "openai", ()),
+        **{f"suffix-{n}": (f"warmpath default plan, --fim-suffix-tokens {n}", [WARMPATH, "serve", "--model", model,
+                                                                              "--fim-suffix-tokens", n], "openai", ())
+           for n in ("all", "16", "32", "48", "64", "96")},
         "llama.cpp": ("llama.cpp llama-server, the same FIM prompt (anchored)", llama, "fim-prompt", ()),
         "llama.cpp-cursor": ("llama.cpp llama-server, the cursor FIM prompt", llama, "fim-prompt",
                              ("--fim-layout", "cursor")),

@@ -159,6 +159,10 @@ class ServerConfig(ConnectionLimits):
     # FIM prompts of prefix-first families: "anchored" puts the prefix's last lines after the middle marker, so
     # typing leaves the prompt before it cached (api/fim.py anchor()); "cursor": the prefix up to the cursor.
     fim_layout: str = "anchored"
+    # The most tokens of a FIM suffix a prompt keeps, its first lines (api/fim.py keep_suffix()): "auto" what this
+    # machine computes in 250 ms (measured once, kept with the plan), 64 at least, so moving the anchor or opening
+    # a file stays near an editor's deadline; "all" the whole suffix; or a number of tokens.
+    fim_suffix_tokens: str = "auto"
     # Where a fill-in-the-middle answer ends (server/scope.py): "auto" (the rest of the line when the cursor is
     # mid-line, else the cursor's block), "line", "block" or "none"; a request's `scope` overrides it.
     completion_scope: str = "auto"

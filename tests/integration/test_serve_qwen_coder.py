@@ -8,6 +8,8 @@ import ollama
 import pytest
 from server_harness import serve_process
 
+from warmpath.api.fim import MIN_SUFFIX_TOKENS
+
 PREFIX = "def fib(n):\n    if n < 2:\n        return n\n"
 SUFFIX = "\n\nprint(fib(10))\n"
 MIDDLE = "returnfib(n-1)+fib(n-2)"
@@ -60,15 +62,17 @@ def test_the_same_greedy_middle_cold_and_warm_with_repo_context_cached(served):
 
 def test_a_keystroke_computes_what_it_typed_the_suffix_stays_cached(served):
     """The anchored layout (the default): typing along the cursor's line keeps prefix, suffix and the middle
-    marker cached, so a keystroke computes about its own tokens, not the suffix after the cursor again."""
+    marker cached, so a keystroke computes about its own tokens, not the suffix after the cursor again. The
+    suffix's first lines are kept, 64 tokens at least (--fim-suffix-tokens auto)."""
+    assert httpx.get(f"{served}/v1/models").json()["data"][0]["fim_suffix_tokens"] >= MIN_SUFFIX_TOKENS
     prefix = PREFIX + "    else:\n        "
-    suffix = SUFFIX + "".join(f"print(fib({i}))\n" for i in range(12))  # a suffix of ~80 tokens
+    suffix = SUFFIX + "".join(f"print(fib({i}))\n" for i in range(24))  # a suffix of ~160 tokens
     completion(served, prompt=prefix + "ret", suffix=suffix, user="dora")
     typed = completion(served, prompt=prefix + "return fi", suffix=suffix, user="dora")
     usage = typed["usage"]
     computed = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
     assert computed <= 16 + 4  # the last partial block and the typed text; the cursor layout: the suffix too
-    assert usage["prompt_tokens"] > computed + 80
+    assert usage["prompt_tokens"] > computed + MIN_SUFFIX_TOKENS  # the kept suffix among the cached tokens
     assert has_middle("return fi" + typed["choices"][0]["text"])
 
 

@@ -6,7 +6,7 @@ from the node's model name)."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # The anchored layout (prefix-first families): the prompt's prefix ends at a line start a few lines above the
@@ -18,6 +18,12 @@ from dataclasses import dataclass
 # every (ANCHOR_WINDOW + 1) / 2 lines as the cursor goes down, each move recomputing the suffix once.
 ANCHOR_WINDOW = 24
 LAYOUTS = ("anchored", "cursor")  # cursor: the plain layout, the prefix up to the cursor before the suffix
+# The suffix a FIM prompt keeps (keep_suffix()): its first lines, as many tokens as this machine computes in
+# SUFFIX_MS, and MIN_SUFFIX_TOKENS at least. Every move of the anchor, and every file opened, computes the suffix
+# again before the first token, inside an editor's ~300 ms deadline; fewer than MIN_SUFFIX_TOKENS cost more than 2
+# points of pass@1 (benchmarks/results/fim_suffix_quality_qwen05_epyc_avx2.json).
+SUFFIX_MS = 250.0
+MIN_SUFFIX_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,37 @@ def anchor(prefix: str, window: int = ANCHOR_WINDOW) -> int:
         if start == 0:
             break
     return best
+
+
+def suffix_budget(seconds_per_token: float, block_size: int = 16, ms: float = SUFFIX_MS) -> int:
+    """The suffix tokens a prompt keeps on a machine that computes a prompt token in `seconds_per_token`: what it
+    computes in `ms`, whole KV blocks of it, MIN_SUFFIX_TOKENS at least."""
+    return max(MIN_SUFFIX_TOKENS, int(ms / 1000 / seconds_per_token) // block_size * block_size)
+
+
+def suffix_tokens(setting: str, seconds_per_token: float, block_size: int = 16) -> int | None:
+    """--fim-suffix-tokens read: "auto" suffix_budget() of the measured speed, "all" None (no cut), or a count."""
+    if setting == "auto":
+        return suffix_budget(seconds_per_token, block_size)
+    if setting == "all":
+        return None
+    if not setting.isdigit():
+        raise ValueError(f"--fim-suffix-tokens must be auto, all or a number of tokens, got {setting!r}")
+    return int(setting)
+
+
+def keep_suffix(suffix: str, budget: int, count: Callable[[str], int]) -> str:
+    """The suffix's first lines, whole, while their tokens (`count`, line by line) fit `budget`; the first line
+    (the rest of the cursor's line) always. A function of the text alone: typing before the suffix never moves
+    the cut, so the kept suffix stays in the prefix cache."""
+    lines = suffix.splitlines(keepends=True)
+    kept, used = lines[:1], count(lines[0]) if lines else 0
+    for line in lines[1:]:
+        used += count(line)
+        if used > budget:
+            break
+        kept.append(line)
+    return "".join(kept)
 
 
 FIM_TEMPLATES = (

@@ -18,6 +18,7 @@ from warmpath.engine.healing import Healer
 from warmpath.engine.kv_offload import KVOffload, tier_key
 from warmpath.engine.kv_tier import DiskTier
 from warmpath.engine.plan import Plan
+from warmpath.engine.plan_timing import prompt_speed
 from warmpath.engine.request import (
     EngineRequest,
     FinishReason,
@@ -39,6 +40,7 @@ from warmpath.models.loader import load_checkpoint
 from warmpath.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+PROMPT_CHUNK = 64  # tokens of the prompt chunk timed at startup (Engine._time_prompt_chunk)
 
 
 def _half_copies(model: LlamaForCausalLM) -> list[torch.Tensor]:
@@ -92,6 +94,9 @@ class Engine:
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan, config.thread_tuning)
         self.scheduler = Scheduler(config.scheduler_config(), self.pool)
+        route = f"{' + '.join(self.plan.backends)}, {self.kv_dtype_name} KV, {config.device}"
+        self.prompt_seconds_per_token = prompt_speed(self.plan, route, self._time_prompt_chunk)
+        self.scheduler.observe(PROMPT_CHUNK, self.prompt_seconds_per_token * PROMPT_CHUNK)  # its first step
         self.tier: KVOffload | None = None
         if config.kv_offload_dir:
             gemv = [] if config.gemv_dtype == "none" else [f"gemv {config.gemv_dtype}"]
@@ -108,6 +113,23 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
+
+    def _time_prompt_chunk(self) -> float:
+        """Seconds per token of a PROMPT_CHUNK-token prompt chunk, timed on free blocks (the best of three tries: the
+        first allocates): the scheduler's first measured step, so the chunk a paced step holds and the FIM suffix a
+        prompt keeps (api/fim.suffix_budget) are known before the first request."""
+        tokens = min(PROMPT_CHUNK, (self.pool.num_blocks - 1) * self.pool.block_size)
+        blocks = self.pool.allocate(-(-tokens // self.pool.block_size))
+        seq = SeqInput([1 + i % 100 for i in range(tokens)], 0, blocks)
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            self.runner.forward([seq])
+            if self.config.device != "cpu":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        self.pool.free(blocks)
+        return best / tokens
 
     def _kv_blocks(self, config: EngineConfig) -> int:
         """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and the largest

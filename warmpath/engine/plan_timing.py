@@ -8,6 +8,7 @@ context has to be prefilled to time a chunk over 6,144 cached tokens.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -93,6 +94,30 @@ def plan_path(key: str) -> Path:
     return warmpath_home() / "plans" / f"{key}.json"
 
 
+def prompt_speed_path(key: str) -> Path:
+    return warmpath_home() / "plans" / f"{key}.prompt.json"
+
+
+def prompt_speed(plan: Plan, route: str, measure: Callable[[], float]) -> float:
+    """Seconds per prompt token of `route` (the engine's backends and cache) on this machine: `measure()`d once and
+    kept beside a measured plan (a fixed plan's, which has no key: measured at every start), so every start on the
+    same machine, model and code reads the same figure and makes the same prompts (api/fim.suffix_budget)."""
+    if not plan.key:
+        return measure()
+    path = prompt_speed_path(plan.key)
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    if route not in saved:
+        saved[route] = measure()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(saved))
+        tmp.replace(path)  # atomic: engines starting together never read half a file
+    return saved[route]
+
+
 def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allow_nondeterministic: bool,
                     remeasure: bool = False, full: bool = False, progress=sys.stderr) -> tuple[Plan, str]:
     """The plan for this machine and model, and where it came from ("loaded PATH" / "measured, saved to PATH").
@@ -105,6 +130,8 @@ def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allo
     full = full or allow_nondeterministic
     steps = plan_steps(ckpt.config, full)
     timings = {} if remeasure or not path.exists() else Plan.load(path).timings
+    if remeasure:
+        prompt_speed_path(key).unlink(missing_ok=True)
     wanted = [b for b in candidates(native_available)
               if allow_nondeterministic or b in DETERMINISTIC or not native_available]
 
@@ -211,4 +238,5 @@ def _once(runner: ModelRunner, seqs: list[SeqInput], clock: Callable[[], float])
     return (clock() - t) * 1000
 
 
-__all__ = ["BACKENDS", "candidates", "load_or_measure", "machine_key", "measure", "plan_path", "time_steps"]
+__all__ = ["BACKENDS", "candidates", "load_or_measure", "machine_key", "measure", "plan_path", "prompt_speed",
+           "time_steps"]

@@ -17,6 +17,7 @@ from starlette.background import BackgroundTask
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, unless_disconnected
 from warmpath.api.fill import Extra, Fill
+from warmpath.api.fim import suffix_tokens
 from warmpath.api.protocol import ApiError, ChatRequest, CompletionRequest, SamplingFields
 from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError
@@ -34,7 +35,8 @@ class Frontend:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine, self.config = engine, config
         self.tokenizer = engine.tokenizer
-        self.prompter = Prompter(self.tokenizer, engine.max_model_len, config.fim_layout, config.completion_scope)
+        kept = suffix_tokens(config.fim_suffix_tokens, engine.prompt_seconds_per_token, engine.config.block_size)
+        self.prompter = Prompter(self.tokenizer, engine.max_model_len, config.fim_layout, config.completion_scope, kept)
         self.fim, self.encoder = self.prompter.fim, self.prompter.encoder
         self.async_engine = AsyncEngine(engine)
         self.metrics = Metrics(lambda: self.async_engine.snapshot.stats)
@@ -60,6 +62,7 @@ class Frontend:
                 "kernel_weights": native.weight_kinds if native else None,
                 "fim_template": self.fim.name if self.fim else None,
                 "repo_context": bool(self.fim and self.fim.file_sep),
+                "fim_suffix_tokens": self.prompter.suffix_tokens if self.fim else None,  # None: the whole suffix
                 "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype_name)}
 
     def cache_salt(self, body: SamplingFields, request: Request) -> str | None:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from warmpath.api.fill import Fill, Rendered, render
-from warmpath.api.fim import LAYOUTS
+from warmpath.api.fim import LAYOUTS, keep_suffix
 from warmpath.api.protocol import ApiError
 from warmpath.models.tokenizer import Tokenizer
 from warmpath.server.jobs import Job
@@ -26,13 +26,15 @@ class Prompt:
 
 
 class Prompter:
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int, layout: str, completion_scope: str):
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int, layout: str, completion_scope: str,
+                 suffix_tokens: int | None = None):
+        """suffix_tokens: the most tokens of a FIM suffix the prompt keeps (api/fim.keep_suffix); None: all."""
         if layout not in LAYOUTS:
             raise ValueError(f"--fim-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if completion_scope not in SCOPES:
             raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {completion_scope!r}")
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
-        self.layout, self.completion_scope = layout, completion_scope
+        self.layout, self.completion_scope, self.suffix_tokens = layout, completion_scope, suffix_tokens
         self.fim = detect_fim(tokenizer)
         self.fim_stop_ids = fim_stop_ids(tokenizer, self.fim) if self.fim else []
         self.encoder = PromptEncoder(tokenizer, max_model_len)
@@ -43,9 +45,17 @@ class Prompter:
         prefix and suffix it holds and filled this model's way."""
         if fill.suffix is None and (split := split_literal_fim(fill.prefix, self.tokenizer)):
             prefix, suffix, family = split
-            r = render(replace(fill, prefix=prefix, suffix=suffix), self.fim, self.layout)
+            r = self._render(replace(fill, prefix=prefix, suffix=suffix))
             return replace(r, fim_mode=f"{r.fim_mode}; the prompt's {family} markers read as prefix and suffix")
-        return render(fill, self.fim, self.layout)
+        return self._render(fill)
+
+    def _render(self, fill: Fill) -> Rendered:
+        """The prompt with the suffix's first lines only (suffix_tokens); the answer's scope reads all of it."""
+        if self.suffix_tokens is None or not fill.suffix or self.fim is None:
+            return render(fill, self.fim, self.layout)
+        count = lambda text: len(self.tokenizer.encode(text, add_bos=False))  # noqa: E731
+        r = render(replace(fill, suffix=keep_suffix(fill.suffix, self.suffix_tokens, count)), self.fim, self.layout)
+        return replace(r, cursor=(r.cursor[0], fill.suffix)) if r.cursor else r
 
     def reserve(self, max_tokens: int | None) -> int:
         """Tokens of the context kept for the answer when a prompt must be cut: what was asked, at most half."""

@@ -105,7 +105,8 @@ def simulate(trace: Trace, profile: Profile, tokenize, dtype: str, num_blocks: i
         return SimTier(tier_bytes, profile.kv_block_bytes, profile.disk_read_bytes_per_s) if tier_bytes else None
     backends = [SimBackend(cost, num_blocks, profile.block_size, budget, tier=tier()) for _ in range(nodes)]
     router = Router([f"node{i}" for i in range(nodes)], policy) if nodes > 1 else None
-    driver = Driver(trace, backends, tokenize, client, router, fim=profile.fim)
+    driver = Driver(trace, backends, tokenize, client, router, fim=profile.fim,
+                    suffix_tokens=profile.fim_suffix_tokens)
     t = time.perf_counter()
     driver.run()
     return summarize(driver, time.perf_counter() - t), driver

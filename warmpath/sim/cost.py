@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from warmpath.api.fim import FimTemplate, fim_for_model
+from warmpath.api.fim import FimTemplate, fim_for_model, suffix_budget
 from warmpath.config import ModelConfig, warmpath_home
 from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.models.footprint import kv_pool_blocks
@@ -94,6 +94,11 @@ class Profile:
     def fim(self) -> FimTemplate | None:
         """The FIM family of the profile's model (None: a paper profile, or a model without one: prefix-only)."""
         return fim_for_model(self.model_spec or "")
+
+    @property
+    def fim_suffix_tokens(self) -> int:
+        """The FIM suffix the server keeps on this profile's machine: api/fim.suffix_budget of a token's cost."""
+        return suffix_budget(self.cost[self.default_dtype].per_token, self.block_size)
 
     @property
     def kv_block_bytes(self) -> int:

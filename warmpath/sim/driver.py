@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from warmpath.api.fill import Fill, render
-from warmpath.api.fim import FimTemplate
+from warmpath.api.fim import FimTemplate, keep_suffix
 from warmpath.client.editor import EditorSession
 from warmpath.client.outcome import outcome
 from warmpath.config import ClientConfig, SchedulerConfig, ServerConfig, SimConfig
@@ -189,9 +189,10 @@ class Driver:
     def __init__(self, trace: Trace, backends: list, tokenize, client: ClientConfig | None = None,
                  router: Router | None = None, realtime: bool = False,
                  sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s,
-                 fim: FimTemplate | None = None):
+                 fim: FimTemplate | None = None, suffix_tokens: int | None = None):
         self.trace, self.backends, self.tokenize = trace, backends, tokenize
         self.fim = fim  # the served model's FIM family: an editor request's suffix is computed as the server does
+        self.suffix_tokens = suffix_tokens  # ... its first lines only, as the server keeps them (api/fim.keep_suffix)
         self.client = client or ClientConfig()
         self.router, self.realtime = router, realtime
         self.sample_every_s, self.drain_s = sample_every_s, drain_s
@@ -257,7 +258,10 @@ class Driver:
         """The prompt the server computes for an editor body: with a suffix, the FIM prompt as it renders it."""
         if "suffix" not in body:
             return body["prompt"]
-        fill = Fill(prefix=body["prompt"], suffix=body["suffix"])
+        suffix = body["suffix"]
+        if self.fim is not None and self.suffix_tokens is not None and suffix:
+            suffix = keep_suffix(suffix, self.suffix_tokens, lambda text: len(self.tokenize(text)))
+        fill = Fill(prefix=body["prompt"], suffix=suffix)
         return render(fill, self.fim, ServerConfig.fim_layout).text
 
     def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,

@@ -107,9 +107,10 @@ def would_choose(router: Router, key: RouteKey, available: list[str], loads: dic
 class FleetDriver(Driver):
     def __init__(self, trace: Trace, backends: list, tokenize, client: ClientConfig | None = None,
                  spec: FleetSpec | None = None, sample_every_s: float = SimConfig.fleet_sample_every_s,
-                 drain_s: float = SimConfig.drain_s, fim: FimTemplate | None = None):
+                 drain_s: float = SimConfig.drain_s, fim: FimTemplate | None = None,
+                 suffix_tokens: int | None = None):
         super().__init__(trace, backends, tokenize, client, None, sample_every_s=sample_every_s, drain_s=drain_s,
-                         fim=fim)
+                         fim=fim, suffix_tokens=suffix_tokens)
         self.spec = spec = spec or FleetSpec()
         if spec.replica_by not in REPLICA_BY:
             raise ValueError(f"replica_by must be one of {', '.join(REPLICA_BY)}")

@@ -53,7 +53,8 @@ def simulate_fleet(trace: Trace, profile: Profile, tokenize, dtype: str, num_blo
                    router_busy: float | None = None) -> tuple[dict, FleetDriver]:
     cost = profile.cost[dtype]
     backends = [SimBackend(cost, num_blocks, profile.block_size, budget) for _ in range(nodes)]
-    driver = FleetDriver(trace, backends, tokenize, client, spec, fim=profile.fim)
+    driver = FleetDriver(trace, backends, tokenize, client, spec, fim=profile.fim,
+                         suffix_tokens=profile.fim_suffix_tokens)
     t = time.perf_counter()
     driver.run()
     return fleet_summary(driver, time.perf_counter() - t, router_busy=router_busy), driver
