@@ -214,3 +214,26 @@ def test_a_prompt_its_client_left_computes_on_for_the_next_keystroke_unless_that
     s.add(anonymous)
     s.abort(anonymous)  # no session: nobody's next keystroke
     assert not s.warming
+
+
+def test_of_several_warm_ups_the_one_with_the_fewest_tokens_left_computes_first():
+    """Two developers' cold files warm at once: the shorter one gets the idle steps until it is done (shortest
+    remaining first), so its developer is answered seconds sooner and the other no later than both would be."""
+    s, clock = scheduler()
+    s.observe(512, 512 * 0.0025)
+    for rid, n, session in (("long", 1700, "alice"), ("short", 1000, "bob")):  # alice's file came first
+        r = request(rid, n, session)
+        r.deadline = 0.3
+        s.add(r)
+    clock.t = 0.4
+    plan = s.schedule()  # both late before a token: two warm-ups, bob's admitted first
+    assert {r.request_id for r in plan.finished} == {"long", "short"}
+    steps = []
+    for _ in range(200):
+        if not plan.chunks:
+            break
+        assert len(plan.chunks) == 1 and plan.chunks[0].num_tokens <= s.latency_chunk
+        steps.append(plan.chunks[0].request.session_id)
+        s.update(plan, [[1] for c in plan.chunks if c.sample])
+        plan = s.schedule()
+    assert steps == ["bob"] * (992 // 32) + ["alice"] * (1696 // 32)  # full blocks only: 992 and 1696 tokens

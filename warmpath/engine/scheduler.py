@@ -122,12 +122,10 @@ class Scheduler:
         """Finish a request in any state; its blocks go back to the pool at once (full ones stay cached)."""
         if req.finished:
             return
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
-        elif req in self.warming:
-            self.warming.remove(req)
+        for queue in (self.running, self.waiting, self.warming):
+            if req in queue:
+                queue.remove(req)
+                break
         self._release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
@@ -212,8 +210,9 @@ class Scheduler:
             budget -= out.chunks[-1].num_tokens if out.chunks and out.chunks[-1].request is req else 0
 
         # 3. Warm-ups, only in a step with nothing else and a paced chunk at most: they never lengthen anyone's step.
+        # The one with the fewest tokens left first: its developer is answered soonest (shortest remaining first).
         budget = 0 if out.chunks else budget if chunk is None else min(budget, chunk)
-        for req in [r for r in self.running if r.warmup]:
+        for req in sorted((r for r in self.running if r.warmup), key=lambda r: r.num_tokens - r.num_computed_tokens):
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             need = self._blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
             if out.preempted or n <= 0:
@@ -226,7 +225,7 @@ class Scheduler:
             budget -= n
         if self.warming and not out.preempted and not self.waiting and budget > 0 \
                 and len(self.running) < self.config.max_num_seqs:
-            warm = self.warming[0]
+            warm = min(self.warming, key=lambda r: r.num_tokens)
             if not self._admit(warm, budget, out, self.warming):
                 self.finish(warm, FinishReason.ABORT)  # a warm-up never waits for blocks
         return out
@@ -301,7 +300,7 @@ class Scheduler:
                 self.stats.prefix_cache_queried_tokens += req.num_tokens
                 self.stats.prefix_cache_hit_tokens += req.num_computed_tokens
         more = self._from_tier(req) if kept else False
-        (self.waiting if queue is None else queue).popleft()
+        (self.waiting if queue is None else queue).remove(req)
         self.running.append(req)
         req.status = RequestStatus.RUNNING
         n = min(req.num_tokens - req.num_computed_tokens, budget)
