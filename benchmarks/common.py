@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from warmpath.cpu import cpu_label
+
 
 def code_windows(tokenizer, n_tokens: int, count: int, extra: int = 0) -> list[list[int]]:
     """`count` distinct windows of n_tokens (+ extra) ids from real standard-library sources."""
@@ -20,8 +22,7 @@ def code_windows(tokenizer, n_tokens: int, count: int, extra: int = 0) -> list[l
 
 
 def machine() -> str:
-    cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split("\n")[0].strip(": \t")
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return f"{cpu_label()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def write_json(path: str, payload: dict) -> None:

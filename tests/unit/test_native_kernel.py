@@ -15,6 +15,7 @@ import torch
 from tiny_model import write_tiny_gguf, write_tiny_hf
 
 from warmpath import LLM, SamplingParams
+from warmpath.cpu import cpu_flags
 from warmpath.engine.plan import NATIVE_CONTEXT
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.kernels import build, native
@@ -111,7 +112,7 @@ def test_512_bit_int8_tiles_give_the_256_bit_tiles_numbers(monkeypatch):
     """Where the CPU has AVX512-VNNI, int8 products run two groups of outputs per 512-bit register: bit for bit the
     256-bit tiles' outputs (a build with them off), for every row count of a step (tiles of 1-6 rows; 13 groups of
     outputs: an odd last one; 100 outputs: a partial group)."""
-    if not {"avx512_vnni", "avx512bw"} <= set(build.cpu_flags().split()):
+    if not {"avx512_vnni", "avx512bw"} <= set(cpu_flags().split()):
         pytest.skip("no AVX512-VNNI on this CPU: the 256-bit tiles run everywhere")
     builds = []
     for extra in ([], ["-DWP_NO_I8_ZMM"]):

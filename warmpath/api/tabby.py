@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from warmpath.api.fill import Extra, Fill, Outcome, compact, parse_json, shaped, validation_message
 from warmpath.api.protocol import encodable
+from warmpath.cpu import cpu_name
 
 NAME, PATHS = "tabby", ()  # PATHS: none of its own; /v1/completions is shared with OpenAI (see speaks)
 API_VERSION = "0.32.0"  # the Tabby server API these routes follow (tabby-agent gates /v1beta/server_setting on it)
@@ -165,7 +166,7 @@ def health(model: str, device: str, cuda_devices: list[str]) -> dict:
     built = datetime.fromtimestamp(Path(__file__).stat().st_mtime, UTC)  # when this code was installed
     return {"model": model, "device": device, "cuda_devices": cuda_devices,
             "models": {"completion": {"local": {"model_id": model, "device": device, "cuda_devices": cuda_devices}}},
-            "arch": platform.machine(), "cpu_info": cpu_info(), "cpu_count": os.cpu_count() or 1,
+            "arch": platform.machine(), "cpu_info": cpu_name(), "cpu_count": os.cpu_count() or 1,
             "version": {"build_date": built.date().isoformat(), "build_timestamp": built.isoformat(),
                         "git_sha": "", "git_describe": f"v{API_VERSION}-warmpath-{_version()}"},
             "webserver": False}
@@ -176,17 +177,6 @@ def _version() -> str:
         return version("warmpath")
     except PackageNotFoundError:
         return "unknown"
-
-
-def cpu_info() -> str:
-    """The CPU's brand string, as Tabby reports it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def server_setting() -> dict:

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import json
 import math
-import platform
 import sys
 import time
 from dataclasses import asdict
@@ -18,6 +17,7 @@ from warmpath.bench.runner import RunResult, replay
 from warmpath.client.completion import ERROR, PROTOCOLS, Target
 from warmpath.client.outcome import censored_ttfts
 from warmpath.config import SLO, BenchConfig, ClientConfig
+from warmpath.cpu import cpu_label
 from warmpath.workloads import WORKLOADS, Trace, make_trace
 
 B = BenchConfig
@@ -128,9 +128,8 @@ def run(args: argparse.Namespace) -> int:
         if s["outcomes"].get(ERROR):
             print(f"{name}: {s['outcomes'][ERROR]} request(s) failed, e.g. {s['errors'][:2]}")
         print(f"{name}: prefix hit rate from {s.get('prefix_hit_rate_source')}")
-    report = {"command": " ".join(["warmpath", "bench"] + sys.argv[2:]), "machine": platform.processor() or
-              platform.machine(), "trace": meta, "client": asdict(cfg), "slo": asdict(slo), "names": names,
-              "summaries": summaries,
+    report = {"command": " ".join(["warmpath", "bench"] + sys.argv[2:]), "machine": cpu_label(), "trace": meta,
+              "client": asdict(cfg), "slo": asdict(slo), "names": names, "summaries": summaries,
               "records": {name: [_record(r) for r in res.records] for name, res in zip(names, runs, strict=True)}}
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from warmpath.config import warmpath_home
+from warmpath.cpu import cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +25,6 @@ _BUILDING = threading.Lock()  # one build at a time: the one start_building() be
 
 class NativeKernelError(RuntimeError):
     """The native kernel cannot be built or used here (no C compiler, unsupported model or dtype)."""
-
-
-def cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def source_digest() -> bytes:
