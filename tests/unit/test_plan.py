@@ -29,6 +29,7 @@ from warmpath.engine.plan import (
 DATA = Path(__file__).parents[1] / "data"
 SPR = json.loads((DATA / "plan_timings_spr.json").read_text())["backends"]
 EMR = json.loads((DATA / "plan_timings_emr.json").read_text())["backends"]  # AVX512-BF16, no AMX
+ZEN5 = json.loads((DATA / "plan_timings_zen5_qwen05.json").read_text())["backends"]  # AVX512-BF16, no AMX, AMD
 
 
 def fastest(timings, kind, key, among=BACKENDS):
@@ -121,6 +122,20 @@ def test_the_bf16_attention_is_chosen_where_it_measured_faster_and_not_where_it_
     slower = {**EMR, "native-int8-bf16attn": {k: {s: 1.5 * ms for s, ms in v.items()}
                                              for k, v in EMR["native-int8"].items()}}
     assert choose(slower).backends == ["native-int8"]  # where it measures slower it is not taken
+
+
+def test_on_the_zen5_the_bf16_attention_and_mixed_torch_bf16_only_for_long_fresh_chunks():
+    """The Zen 5 (AVX512-BF16, no AMX), Qwen2.5-Coder-0.5B: deterministic, the bf16 attention kernel (fastest on
+    every decode and on chunks over a cached context); allowed to mix, torch's bf16 takes exactly the long chunks
+    with nothing cached, where it measured faster, and nothing else."""
+    plan = choose(ZEN5)
+    assert plan.backends == ["native-int8-bf16attn"] and plan.deterministic
+    mixed = choose(ZEN5, allow_nondeterministic=True)
+    assert set(mixed.backends) == {"native-int8-bf16attn", "torch-bf16"} and not mixed.deterministic
+    for kind, choice in (("decode", mixed.decode), ("chunk", mixed.chunk)):
+        for key, backend in choice.items():
+            assert backend == fastest(ZEN5, kind, key, [b for b in BACKENDS if b in mixed.backends]), (kind, key)
+    assert {k for k, b in mixed.chunk.items() if b == "torch-bf16"} == {"128@0", "512@0"}
 
 
 def test_native_backend_names_say_the_kernels_options():

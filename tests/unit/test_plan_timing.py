@@ -79,7 +79,7 @@ def test_a_busy_machine_is_told_from_a_quiet_one():
 
 DATA = Path(__file__).parents[1] / "data"
 RECORDED = {name: json.loads((DATA / f"plan_timings_{name}.json").read_text())["backends"]
-            for name in ("spr", "emr", "epyc_qwen05")}
+            for name in ("spr", "emr", "epyc_qwen05", "zen5_qwen05")}
 SMOLLM2 = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, max_position_embeddings=8192,
                       tie_word_embeddings=True)
 QWEN_05 = ModelConfig("qwen2", 151936, 896, 4864, 24, 14, 2, 64, max_position_embeddings=32768,
@@ -118,7 +118,7 @@ def test_the_screen_times_the_cheap_classes_the_model_size_scales_and_a_full_pla
 @pytest.mark.parametrize("cfg", [SMOLLM2, QWEN_05, QWEN_15], ids=["smollm2", "qwen05", "qwen15"])
 def test_a_screened_measurement_chooses_what_timing_every_class_would_in_a_fraction_of_the_time(cpu, cfg,
                                                                                                 monkeypatch):
-    """On each recorded CPU (Sapphire Rapids with AMX, an AVX512-BF16 Intel, the AVX2 EPYC), for each model's
+    """On each recorded CPU (Sapphire Rapids with AMX, an AVX512-BF16 Intel, the AVX2 EPYC, a Zen 5), for each model's
     screen: the deterministic candidates timed on the cheap classes with the trailing ones dropped pick the
     backend that every class, every round, would."""
     monkeypatch.setattr(plan_timing, "machine_idle_s", lambda: None)
