@@ -41,6 +41,11 @@ def cpu_flags(text: str | None = None) -> str:
 def cpu_label(text: str | None = None, cpus: int | None = None) -> str:
     """"AMD EPYC (family 26 model 2; AVX2 AVX-512 VNNI BF16, no AMX), 2 CPUs": the name, the family, and the
     vector units present, with AMX named where it is absent, since that is the first split between the machines."""
+    if text is None:  # read once: the name, the family and the flags come from the same text
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            text = ""
     info = cpuinfo(text)
     flags = cpu_flags(text).split()
     units = [name for unit, name in _UNITS if any(f == unit or (unit.endswith("_") and f.startswith(unit))
@@ -50,4 +55,4 @@ def cpu_label(text: str | None = None, cpus: int | None = None) -> str:
     family = f"family {info['cpu family']} model {info.get('model', '?')}" if "cpu family" in info else ""
     detail = "; ".join(x for x in (family, " ".join(units)) if x)
     count = cpus if cpus is not None else os.cpu_count()
-    return f"{cpu_name(text)}" + (f" ({detail})" if detail else "") + f", {count} CPUs"
+    return cpu_name(text) + (f" ({detail})" if detail else "") + f", {count} CPUs"
