@@ -25,6 +25,7 @@ model: $(STAMP)
 	$(BIN)/warmpath fetch-model smollm2
 	$(BIN)/warmpath fetch-model $(MODEL)
 	$(BIN)/python -c 'from warmpath.eval.humaneval import fetch_problems; fetch_problems()'  # `warmpath eval`'s data
+	$(BIN)/python -c 'from warmpath.eval.corpus import fetch_all; fetch_all()'  # `warmpath eval --suite repo`'s
 
 serve: setup
 	$(BIN)/warmpath serve --model $(MODEL) --kv-offload-dir $(KV_TIER) --kv-offload-bytes $(KV_TIER_BYTES) $(ARGS)

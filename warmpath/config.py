@@ -159,13 +159,18 @@ class ServerConfig(ConnectionLimits):
     # FIM prompts of prefix-first families: "anchored" puts the prefix's last lines after the middle marker, so
     # typing leaves the prompt before it cached (api/fim.py anchor()); "cursor": the prefix up to the cursor.
     fim_layout: str = "anchored"
-    # The most tokens of a FIM suffix a prompt keeps, its first lines (api/fim.py keep_suffix()): "auto" what this
-    # machine computes in 250 ms (measured once, kept with the plan), 64 at least, so moving the anchor or opening
-    # a file stays near an editor's deadline; "all" the whole suffix; or a number of tokens.
-    fim_suffix_tokens: str = "auto"
-    # Where a fill-in-the-middle answer ends (server/scope.py): "auto" (the rest of the line when the cursor is
-    # mid-line, else the cursor's block), "line", "block" or "none"; a request's `scope` overrides it.
+    # The most tokens of a FIM suffix a prompt keeps, its first lines (api/fim.py keep_suffix()): "all" the whole
+    # suffix the client sends (its own window bounds it); "auto" what this machine computes in 250 ms (measured
+    # once, kept with the plan), 64 at least, so moving the anchor or opening a file stays nearer an editor's
+    # deadline, for a cost in exact matches on real files (docs/benchmarks.md); or a number of tokens.
+    fim_suffix_tokens: str = "all"
+    # Where a fill-in-the-middle answer ends (api/scope.py): "auto" (the rest of the line after typed code, else
+    # the cursor's block), "statement", "line", "block" or "none"; a request's `scope` overrides it.
     completion_scope: str = "auto"
+    # The confidence gate (server/confidence.py): a fill-in-the-middle answer whose first line's tokens are less
+    # probable than this (their geometric mean) is silenced; 0 shows every answer. A request's `min_confidence`
+    # overrides it.
+    min_confidence: float = 0.0
 
 
 @dataclass
@@ -189,6 +194,9 @@ class RouterConfig(ConnectionLimits):
     health_failures: int = 3  # failed checks in a row before a node leaves the ring
     connect_timeout: float = 2.0  # seconds; a node that does not accept in time counts as failed
     line_max_tokens: int = 32  # tiering: /v1/completions with at most this many tokens can be a line completion
+    # Where a fill-in-the-middle answer from an engine with no completion scope of its own (vLLM, SGLang, llama.cpp)
+    # ends (api/scope.py; as `warmpath serve --completion-scope`); a request's `scope` goes first.
+    completion_scope: str = "auto"
     cache_entries: int = 1024  # response cache (temperature 0 only); 0 turns it off
     cache_ttl: float = 300.0  # seconds a cached answer stays valid
     api_key: str | None = None  # clients must send it, as to a node; /health stays open

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from server_harness import CODE, running_app
 
+from warmpath.api.scope import Scope
 from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.engines import ENGINES, read_load
@@ -131,3 +132,31 @@ def test_the_fleet_hit_rate_is_the_sum_of_each_engines_own_counters(fleet):
     assert all(c["hit"] > 0 for c in own.values()), own  # every engine reused a prefix
     assert fleet_values["warmpath_prefix_cache_hit_tokens_total"] == sum(c["hit"] for c in own.values())
     assert fleet_values["warmpath_prefix_cache_queried_tokens_total"] == sum(c["queried"] for c in own.values())
+
+
+@pytest.mark.parametrize("kind", ("vllm", "llamacpp"))
+def test_fim_answers_of_an_engine_with_no_scope_end_where_warmpath_ends_them(fleet, kind):
+    """vLLM and llama.cpp write on past the hole; the router ends their fill-in-the-middle answers where `warmpath
+    serve` ends its own (api/scope.py), whole, streamed and through /infill, and closes the node's stream at the
+    cut (the node goes idle at once, long before its 400 tokens)."""
+    rurl, engines = fleet
+    headers = {"X-Session-Id": session_on(kind, engines)}
+    prefix, suffix = "def add(a,", " b):\n    return a + b\n"  # mid-line: the rest of the line
+    raw = httpx.post(engines[kind] + "/v1/completions", json={"model": "smollm2", "prompt": prefix, "max_tokens": 64,
+                                                              "temperature": 0}, timeout=120).json()
+    scope = Scope(prefix, suffix)  # SmolLM2 has no FIM tokens: the plain prompt, cut by the scope
+    want = scope.feed(raw["choices"][0]["text"])
+    want += "" if scope.cut else scope.feed("", final=True)
+    body = {"model": "smollm2", "prompt": prefix, "suffix": suffix, "max_tokens": 400, "temperature": 0,
+            "ignore_eos": True}
+    r = httpx.post(rurl + "/v1/completions", json=body, headers=headers, timeout=120).json()
+    assert r["choices"][0]["text"] == want and r["choices"][0]["finish_reason"] == "stop"
+    assert until(lambda: load(kind, engines[kind]).requests == 0) < 10
+    r = httpx.post(rurl + "/v1/completions", json={**body, "stream": True}, headers=headers, timeout=120)
+    events = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == want
+    infill = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 400, "temperature": 0,
+              "samplers": ["temperature"]}
+    r = httpx.post(rurl + "/infill", json=infill, headers=headers, timeout=120)
+    assert r.status_code == 200 and r.json()["content"] == want
+    assert until(lambda: load(kind, engines[kind]).requests == 0) < 10

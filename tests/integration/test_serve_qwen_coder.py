@@ -62,9 +62,9 @@ def test_the_same_greedy_middle_cold_and_warm_with_repo_context_cached(served):
 
 def test_a_keystroke_computes_what_it_typed_the_suffix_stays_cached(served):
     """The anchored layout (the default): typing along the cursor's line keeps prefix, suffix and the middle
-    marker cached, so a keystroke computes about its own tokens, not the suffix after the cursor again. The
-    suffix's first lines are kept, 64 tokens at least (--fim-suffix-tokens auto)."""
-    assert httpx.get(f"{served}/v1/models").json()["data"][0]["fim_suffix_tokens"] >= MIN_SUFFIX_TOKENS
+    marker cached, so a keystroke computes about its own tokens, not the suffix after the cursor again. The whole
+    suffix is kept (--fim-suffix-tokens all, the default)."""
+    assert httpx.get(f"{served}/v1/models").json()["data"][0]["fim_suffix_tokens"] is None
     prefix = PREFIX + "    else:\n        "
     suffix = SUFFIX + "".join(f"print(fib({i}))\n" for i in range(24))  # a suffix of ~160 tokens
     completion(served, prompt=prefix + "ret", suffix=suffix, user="dora")

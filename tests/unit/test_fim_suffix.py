@@ -105,7 +105,7 @@ def test_the_server_keeps_the_suffix_lines_that_fit_and_caches_them_along_the_fi
 
 def test_auto_is_the_measured_speeds_budget(qwen_model):
     config = EngineConfig(model=str(qwen_model), dtype="float32", num_kv_blocks=256)
-    with running_server(config, ServerConfig()) as (url, app):
+    with running_server(config, ServerConfig(fim_suffix_tokens="auto")) as (url, app):
         engine = app.state.engine
         assert 0 < engine.prompt_seconds_per_token < 0.1
         assert engine.scheduler.seconds_per_token == pytest.approx(engine.prompt_seconds_per_token)

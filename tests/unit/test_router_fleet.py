@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from server_harness import CODE, running_app, running_server, wait_for_step
+from server_harness import CODE, counter, running_app, running_server, wait_for_step
 
+from warmpath.api.scope import Scope
 from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 
@@ -171,3 +172,34 @@ def test_a_whole_answer_from_an_engine_that_aborts_only_streams_is_streamed_and_
                        headers={"X-Deadline-Ms": "40"}, timeout=60)
         assert r.json()["choices"][0]["finish_reason"] == "deadline"
         wait_for_step(app, lambda e: not e.requests)
+
+
+def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_router(fleet):
+    """Declared as vLLM and as llama.cpp (engines with no completion scope), the node's fill-in-the-middle answers
+    are cut by the router where `warmpath serve` cuts its own (api/scope.py), whole and streamed, OpenAI's and
+    /infill's; the router closes the node's stream at the cut, so the node stops decoding; `scope: none` asks for
+    the engine's whole answer."""
+    url = next(iter(fleet))
+    prefix, suffix = "def add(a,", " b):\n    return a + b\n"  # mid-line: the rest of the line
+    raw = httpx.post(f"{url}/v1/completions", json={"prompt": prefix, "max_tokens": 48, "temperature": 0},
+                     timeout=60).json()["choices"][0]["text"]  # the plain prompt the router renders (no FIM tokens)
+    scope = Scope(prefix, suffix)
+    want = scope.feed(raw)
+    assert scope.cut and want != raw
+    body = {"prompt": prefix, "suffix": suffix, "max_tokens": 48, "temperature": 0}
+    for engine in ("vllm", "llamacpp"):
+        with router(node=[f"{engine}={url}"], cache_entries=0) as (rurl, _):
+            aborted = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
+            whole = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60).json()
+            assert whole["choices"][0]["text"] == want and whole["choices"][0]["finish_reason"] == "stop"
+            with httpx.stream("POST", f"{rurl}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            assert "".join(c["choices"][0]["text"] for c in chunks) == want
+            assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+            infill = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 48, "temperature": 0}
+            assert httpx.post(f"{rurl}/infill", json=infill, timeout=60).json()["content"] == want
+            # each of the three closed the node's stream at the cut: the node counts its client gone
+            gone = aborted + 3
+            until(lambda: counter(url, "warmpath_requests_aborted_total", 'reason="client"') >= gone)  # noqa: B023
+            none = httpx.post(f"{rurl}/v1/completions", json={**body, "scope": "none"}, timeout=60).json()
+            assert none["choices"][0]["text"] == raw

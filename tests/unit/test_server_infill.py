@@ -219,8 +219,8 @@ def test_bad_input_gets_llama_cpps_error_object(server, payload):
 
 
 def test_indent_cutter_holds_back_only_a_new_lines_indentation():
-    from warmpath.server.limits import Chain, IndentCutter
-    from warmpath.server.scope import Scope
+    from warmpath.api.cutters import Chain, IndentCutter
+    from warmpath.api.scope import Scope
 
     c = IndentCutter(4)
     text = "x = 1\n    y = 2\n\n    z = 3\nw = 4\n"

@@ -1,5 +1,5 @@
 """The completion scope on `warmpath serve` (tiny model, loopback HTTP): every FIM path's answer is the unscoped
-answer as server/scope.py cuts it, cut answers end with finish_reason "stop" and fewer tokens (the decode stopped
+answer as api/scope.py cuts it, cut answers end with finish_reason "stop" and fewer tokens (the decode stopped
 there), each cut is counted by rule, the per-request `scope` overrides the server's, and a bad one is a 400 in
 each protocol's shape."""
 
@@ -9,7 +9,7 @@ import httpx
 import pytest
 from server_harness import CODE, total
 
-from warmpath.server.scope import Scope
+from warmpath.api.scope import Scope
 
 # Cursors mid-line (line scope: the tiny model's text after these prefixes holds a newline) and at a line's end
 # (block scope), with code after them. The tiny model has no FIM tokens: prefix-only, the suffix cut by the scope.

@@ -359,7 +359,9 @@ def test_simulate_with_an_int8_kv_cache_holds_twice_the_blocks(capsys):
 def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
     """A FIM model's editor request is the server's FIM prompt (api/fill.render): the suffix after the cursor is
     computed too, and it sits after the prefix, so keystrokes reuse less of the cache than a prefix-only prompt."""
-    from warmpath.api.fim import fim_for_model, suffix_budget
+    from warmpath.api import fim as api_fim
+    from warmpath.api.fim import fim_for_model
+    from warmpath.config import ServerConfig
 
     trace = make_trace("editor", 2, 60, seed=1, rate=30)
 
@@ -380,6 +382,7 @@ def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
     # The suffix's first lines only, as the server keeps them (--fim-suffix-tokens; the profile's own budget)
     assert 0 < mean_prompt(kept) - mean_prompt(plain) <= 64 + 1.5 * 16  # + the cursor's line, a token per line
     profile = get_profile("cpu-qwen2.5-coder-0.5b")
-    assert profile.fim_suffix_tokens == suffix_budget(profile.cost[profile.default_dtype].per_token)
+    assert profile.fim_suffix_tokens == api_fim.suffix_tokens(ServerConfig.fim_suffix_tokens,  # server's default
+                                                              profile.cost[profile.default_dtype].per_token)
     assert get_profile("cpu-qwen2.5-coder-0.5b").fim.name == "qwen2.5-coder"
     assert get_profile("h100-llama3-8b").fim is None  # no FIM family: prefix-only, as the server does

@@ -55,7 +55,8 @@ class Fill:
     prompt_ms: float | None = None  # no first token within this: silence (llama.cpp's t_max_prompt_ms)
     predict_ms: float | None = None  # past this since the first token, end at a newline (t_max_predict_ms)
     n_indent: int = 0  # end before a new line indented less than this (llama.cpp's n_indent)
-    scope: str | None = None  # where the answer ends (server/scope.py SCOPES); None: the server's default
+    scope: str | None = None  # where the answer ends (api/scope.py SCOPES); None: the server's default
+    min_confidence: float | None = None  # an answer less sure than this is silence; None: the server's default
     options: dict = field(default_factory=dict)  # the protocol's own answer options (llama.cpp's response_fields)
     # What Jobs.make reads from an OpenAI body too.
     cache_salt: str | None = None
@@ -98,7 +99,8 @@ def render(fill: Fill, template: FimTemplate | None, layout: str = "anchored") -
                     template.stops, cursor)
 
 
-SILENT = ("deadline", "overloaded")  # finishes answered with empty text: late, or refused unrun
+# Finishes answered with empty text: late, refused unrun, or too unsure to show (server/confidence.py).
+SILENT = ("deadline", "overloaded", "low_confidence")
 
 
 @dataclass
@@ -113,6 +115,7 @@ class Outcome:
     prompt_s: float = 0.0  # receipt to first token (or to the end, with none)
     predict_s: float = 0.0  # first token to the end
     truncated: bool = False  # the context did not fit: some repository context or prefix was left out
+    confidence: float | None = None  # a FIM answer's first line, as the confidence gate judged it (0..1)
 
     @property
     def silent(self) -> bool:

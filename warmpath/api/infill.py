@@ -60,7 +60,8 @@ class InfillBody(BaseModel):
     cache_prompt: bool = True
     n_cmpl: int = Field(default=1, ge=1, le=16)
     model: str | None = None
-    scope: Scope | None = None  # warmpath's: where the answer ends (server/scope.py)
+    scope: Scope | None = None  # warmpath's: where the answer ends (api/scope.py)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("input_prefix", "input_suffix", "prompt", "stop")
     @classmethod
@@ -101,7 +102,8 @@ def parse(raw: bytes) -> Fill:
                 seed=None if b.seed < 0 else b.seed, stop=b.stop, stream=b.stream, model=b.model,
                 prompt_ms=b.t_max_prompt_ms if b.t_max_prompt_ms > 0 else None,
                 predict_ms=b.t_max_predict_ms if b.t_max_predict_ms > 0 else None, n_indent=b.n_indent,
-                scope=b.scope, options={"response_fields": b.response_fields or [], "id_slot": b.id_slot})
+                scope=b.scope, min_confidence=b.min_confidence,
+                options={"response_fields": b.response_fields or [], "id_slot": b.id_slot})
 
 
 def _result(fill: Fill, out: Outcome, model: str | None, content: str) -> dict:
@@ -116,7 +118,8 @@ def _result(fill: Fill, out: Outcome, model: str | None, content: str) -> dict:
                                 "t_max_prompt_ms": fill.prompt_ms or -1, "t_max_predict_ms": fill.predict_ms or -1},
         "has_new_line": "\n" in out.text, "truncated": out.truncated, "stop_type": _STOP_TYPE.get(out.finish, "limit"),
         "stopping_word": "", "tokens_cached": out.cached_tokens,
-        "finish_reason": out.finish,  # warmpath's own: says "deadline" / "overloaded" for a silent answer
+        # warmpath's own: "deadline" / "overloaded" / "low_confidence" for a silent answer, and the confidence
+        "finish_reason": out.finish, "confidence": out.confidence,
         "timings": {
             "cache_n": out.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,

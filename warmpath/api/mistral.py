@@ -34,7 +34,8 @@ class FimBody(BaseModel):
     random_seed: int | None = Field(default=None, ge=0, lt=2**63)
     stream: bool = False
     prompt_cache_key: str | None = Field(default=None, max_length=256)
-    scope: Scope | None = None  # warmpath's: where the answer ends (server/scope.py)
+    scope: Scope | None = None  # warmpath's: where the answer ends (api/scope.py)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("prompt", "suffix", "stop")
     @classmethod
@@ -65,7 +66,8 @@ def parse(raw: bytes) -> Fill:
         raise error(422, str(e), "stop") from None
     return Fill(prefix=b.prompt, suffix=b.suffix, max_tokens=b.max_tokens,
                 temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p, seed=b.random_seed,
-                stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key, scope=b.scope)
+                stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key, scope=b.scope,
+                min_confidence=b.min_confidence)
 
 
 def _usage(out: Outcome) -> dict:

@@ -51,7 +51,8 @@ class GenerateBody(BaseModel):
     raw: bool = False
     stream: bool = True
     options: Options = Field(default_factory=Options)
-    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends (server/scope.py)
+    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("prompt", "suffix", "system")
     @classmethod
@@ -80,7 +81,8 @@ def parse(raw: bytes) -> Fill:
     return Fill(prefix=b.prompt, suffix=b.suffix, chat=not b.raw and b.suffix is None, system=b.system,
                 max_tokens=max_tokens, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
                 seed=None if o.seed is None or o.seed < 0 else o.seed, stop=o.stop, stream=b.stream,
-                model=served_name(b.model), scope=b.scope, options={"load_only": not b.prompt and b.suffix is None})
+                model=served_name(b.model), scope=b.scope, min_confidence=b.min_confidence,
+                options={"load_only": not b.prompt and b.suffix is None})
 
 
 def served_name(name: str) -> str:

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_LOGPROBS = 20  # the engine's bound (engine/request.py), which this layer does not import
-Scope = Literal["auto", "statement", "line", "block", "none"]  # where a FIM answer ends (server/scope.py SCOPES)
+Scope = Literal["auto", "statement", "line", "block", "none"]  # where a FIM answer ends (api/scope.py SCOPES)
 
 # Parameter -> its neutral values: what clients send when they do not mean to use it.
 UNSUPPORTED = {
@@ -139,6 +139,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = False  # the prompt's text before the completion's
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token
     scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends; None: the server's default
+    # warmpath's: a fill-in-the-middle answer less sure than this is silence (server/confidence.py)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @property
     def num_logprobs(self) -> int | None:

@@ -38,10 +38,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 
 def choice(kind: str, text: str, finish: str | None, delta: bool = False, first: bool = False,
-           logprobs: dict | None = None) -> dict:
-    """The one choice; for a chat stream (`delta`) the first chunk carries the role, later ones only text."""
+           logprobs: dict | None = None, confidence: float | None = None) -> dict:
+    """The one choice; for a chat stream (`delta`) the first chunk carries the role, later ones only text. A
+    fill-in-the-middle answer's confidence (warmpath's own field) once it is judged."""
     if kind == "completion":
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        c = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return c if confidence is None else {**c, "confidence": round(confidence, 4)}
     if delta:
         d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
         return {"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}
@@ -59,19 +61,20 @@ def envelope(kind: str, request_id: str, model: str | None, choices: list[dict],
 
 
 def answer(kind: str, request_id: str, model: str | None, text: str, finish: str | None, usage_: dict,
-           fim_mode: str | None = None, logprobs: dict | None = None) -> dict:
-    """A whole (non-streamed) answer; a late or refused one (SILENT) is silence: empty text, no logprobs."""
+           fim_mode: str | None = None, logprobs: dict | None = None, confidence: float | None = None) -> dict:
+    """A whole (non-streamed) answer; a late, refused or unsure one (SILENT) is silence: empty text, no
+    logprobs."""
     if finish in SILENT:
         text, logprobs = "", None
-    return {**envelope(kind, request_id, model, [choice(kind, text, finish, logprobs=logprobs)], fim_mode=fim_mode),
-            "usage": usage_}
+    c = choice(kind, text, finish, logprobs=logprobs, confidence=confidence)
+    return {**envelope(kind, request_id, model, [c], fim_mode=fim_mode), "usage": usage_}
 
 
 def chunk(kind: str, request_id: str, model: str | None, text: str, finish: str | None, first: bool = False,
-          fim_mode: str | None = None, logprobs: dict | None = None) -> dict:
+          fim_mode: str | None = None, logprobs: dict | None = None, confidence: float | None = None) -> dict:
     """One streamed event's body."""
-    return envelope(kind, request_id, model, [choice(kind, text, finish, delta=True, first=first, logprobs=logprobs)],
-                    chunk=True, fim_mode=fim_mode)
+    c = choice(kind, text, finish, delta=True, first=first, logprobs=logprobs, confidence=confidence)
+    return envelope(kind, request_id, model, [c], chunk=True, fim_mode=fim_mode)
 
 
 def usage_chunk(kind: str, request_id: str, model: str | None, usage_: dict, fim_mode: str | None = None) -> dict:

@@ -87,11 +87,11 @@ class Metrics:
                                 registry=r)
         self.aborted = Counter("warmpath_requests_aborted", "Requests ended early, by reason", ["reason"],
                                registry=r)
-        for reason in ("client", "deadline", "overloaded"):
+        for reason in ("client", "deadline", "overloaded", "low_confidence"):
             self.aborted.labels(reason)
         self.scope_cuts = Counter("warmpath_completion_scope_cuts", "Fill-in-the-middle answers ended by the "
-                                  "completion scope, by rule (server/scope.py)", ["rule"], registry=r)
-        for rule in ("line", "suffix", "dedent", "statement", "repeat"):
+                                  "completion scope, by rule (api/scope.py)", ["rule"], registry=r)
+        for rule in ("line", "suffix", "dedent", "statement", "repeat", "gap", "body"):  # api/scope.py RULES
             self.scope_cuts.labels(rule)
 
     def render(self) -> bytes:

@@ -7,7 +7,7 @@ the same prompt (the family's FIM form written out), so only the model's numbers
 
 `--insert first-line` (the benchmark as published) sends `stop: ["\\n"]` and keeps the answer's first line, as a
 client that cuts there does; `--insert whole` sends no stop and splices in the whole answer, as Zed does: where the
-answer ends is then the server's (its completion scope, server/scope.py; `--scope` asks for one per request).
+answer ends is then the server's (its completion scope, api/scope.py; `--scope` asks for one per request).
 `--hole lines` hides 2-5 consecutive lines instead of one. Each task records the tokens the server generated."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from warmpath.client.completion import (
     monotonic_clock,
     stream_completion,
 )
+from warmpath.eval import repo
 from warmpath.eval.execute import passes
 from warmpath.eval.humaneval import fetch_problems, mid_line, multi_line_tasks, single_line_tasks, spread
 
@@ -40,6 +41,7 @@ FIM_PROMPT = "fim-prompt"
 CURSORS = ("line-start", "mid-line")
 INSERTS = ("first-line", "whole")
 HOLES = ("line", "lines")
+SUITES = ("humaneval", "repo")
 
 
 @dataclass
@@ -53,6 +55,9 @@ class TaskResult:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", choices=SUITES, default="humaneval",
+                   help="humaneval: HumanEval infilling, pass@1 of the programs; repo: real repositories' files, "
+                        "judged as the editor inserts the answer (eval/repo.py)")
     p.add_argument("--target", default="http://127.0.0.1:8000", help="the server to score")
     p.add_argument("--protocol", choices=(*PROTOCOLS, FIM_PROMPT), default="openai",
                    help="openai: /v1/completions with suffix; infill: llama.cpp's /infill (its own prompt: the "
@@ -79,9 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="seconds a completed program may run its tests")
     p.add_argument("--label", default="", help="what was served (goes into --out)")
     p.add_argument("--out", help="JSON file: the summary and every task's completion and result")
+    repo.add_arguments(p)
 
 
 async def evaluate(args: argparse.Namespace) -> int:
+    if args.suite == "repo":
+        return await repo.evaluate(args)
     make = multi_line_tasks if args.hole == "lines" else single_line_tasks
     tasks = spread(make(fetch_problems()), args.limit)
     if args.cursor == "mid-line":

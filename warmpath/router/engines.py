@@ -31,6 +31,8 @@ class EngineKind:
     cancels_whole: bool = True
     hints: Mapping[str, object] = field(default_factory=dict)  # body fields the engine reads, set unless given
     wires: tuple[str, ...] = ()  # the editor protocols (api/ modules) it speaks itself, besides OpenAI's
+    # It ends fill-in-the-middle answers where the code ends itself (api/scope.py); else the router does.
+    applies_scope: bool = False
 
 
 ENGINES = {
@@ -38,7 +40,7 @@ ENGINES = {
         "warmpath", ("warmpath_num_requests_running",), ("warmpath_num_requests_waiting",),
         ("warmpath_kv_cache_usage_ratio",),
         (("warmpath_prefix_cache_queried_tokens_total",), ("warmpath_prefix_cache_hit_tokens_total",)),
-        accepts_suffix=True, reads_deadline=True, wires=("infill", "ollama", "mistral", "tabby")),
+        accepts_suffix=True, reads_deadline=True, wires=("infill", "ollama", "mistral", "tabby"), applies_scope=True),
     "vllm": EngineKind(
         "vllm", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second: releases before V1

@@ -29,6 +29,7 @@ from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
 from warmpath.api.fill import Fill, Outcome
 from warmpath.api.protocol import ApiError, content_text, error_body
+from warmpath.api.scope import SCOPES
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.metrics import RouterMetrics
@@ -125,6 +126,8 @@ class Proxy:
     request path."""
 
     def __init__(self, config: RouterConfig):
+        if config.completion_scope not in SCOPES:
+            raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {config.completion_scope!r}")
         self.config = config
         nodes, self.tiers = parse_nodes(config)
         self.routers = {t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
@@ -223,7 +226,7 @@ class Proxy:
             if node is None:  # gone from the nodes file meanwhile
                 continue
             own_model = len(self.tiers) > 1 and (routed.model is None or routed.model in self.model_names())
-            path, payload, convert = prepare(node, routed, own_model)
+            path, payload, convert = prepare(node, routed, own_model, self.config.completion_scope)
             if routed.session and attempt:
                 self.sessions.note(routed.session, url, False)  # failed over: the prefix now grows there
             try:

@@ -51,6 +51,7 @@ class Translation:
     fill: Fill
     model: str | None
     collect: bool = False  # the node streams what the client wants whole (Collected's reason)
+    cutter: object = None  # the completion scope (router/scoping.py) for a node that applies none
     out: Outcome = field(default_factory=lambda: Outcome(finish="stop"))
     started: float = field(default_factory=time.monotonic)
     first: float | None = None
@@ -69,6 +70,10 @@ class Translation:
             self.out.prompt_tokens = usage.get("prompt_tokens") or 0
             self.out.generated_tokens = usage.get("completion_tokens") or 0
             self.out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if self.cutter is not None:
+            text = self.cutter.feed(text, final=bool(choice.get("finish_reason")))
+            if self.cutter.cut:
+                self.out.finish = "stop"
         if text and self.first is None:
             self.first = time.monotonic()
         return "" if self.fill.max_tokens == 0 else text
@@ -83,14 +88,17 @@ class Translation:
         """The node's whole OpenAI answer as the protocol's."""
         data = json.loads(body)
         choice = (data.get("choices") or [{}])[0]
-        self.out.text = self._read(choice, data.get("usage"))
+        self.out.text = self._read({**choice, "finish_reason": choice.get("finish_reason") or "stop"},
+                                   data.get("usage"))
         return self.wire.answer(self.fill, data.get("id") or wire_shapes.new_id("route"), self._timed(), self.model)
 
     async def gather(self, events: AsyncIterator[bytes]) -> bytes:
         """The protocol's whole answer from the node's stream."""
-        async for _ in self.events(events):
-            pass
-        return self.wire.answer(self.fill, wire_shapes.new_id("route"), self.out, self.model)
+        async for chunk in openai_chunks(events):
+            self.out.text += self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
+            if self.cutter is not None and self.cutter.cut:  # the scope ended it: the node's stream is closed
+                break
+        return self.wire.answer(self.fill, wire_shapes.new_id("route"), self._timed(), self.model)
 
     async def events(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The node's SSE events as the protocol's stream: one event per piece of text, its own last event."""
@@ -100,6 +108,8 @@ class Translation:
             self.out.text += text
             if text:
                 yield self.wire.event(self.fill, request_id, text, self.out, self.model)
+            if self.cutter is not None and self.cutter.cut:  # the scope ended it: the node's stream is closed
+                break
         yield self.wire.end(self.fill, request_id, self._timed(), self.model)
 
 

@@ -8,6 +8,8 @@
 - Session hints the engine reads (llama.cpp's `cache_prompt`) unless the client set them.
 - An editor protocol the engine does not speak: as an OpenAI request (translate.py); a whole answer from an
   engine that aborts only streams (llama-server): streamed, and collected by the router.
+- A fill-in-the-middle answer from an engine with no completion scope: streamed, and cut by the router where
+  `warmpath serve` would end it (scoping.py).
 """
 
 from __future__ import annotations
@@ -16,27 +18,42 @@ import json
 
 from warmpath.api.fill import Extra, Fill, render
 from warmpath.api.fim import fim_for_model
+from warmpath.router.scoping import Scoped, body_cutter, fill_cutter, without_scope
 from warmpath.router.translate import Collected, Translation, openai_request
 
+STREAMED = {"stream": True, "stream_options": {"include_usage": True}}
 
-def prepare(node, routed, own_model: bool) -> tuple[str, bytes, Translation | Collected | None]:
+
+def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, bytes, Translation | Collected | Scoped
+                                                                          | None]:
     """(path, body, conversion) of one attempt of `routed` (proxy.Routed) on `node` (nodes.Node): an editor
     protocol the node's engine does not speak goes as an OpenAI request, translated back on its way out; a whole
-    answer from an engine that aborts only streams is streamed and collected."""
+    answer from an engine that aborts only streams is streamed and collected; a fill-in-the-middle answer from an
+    engine with no completion scope is streamed and cut. `scope`: the router's default completion scope."""
     wire, engine = routed.wire, node.engine
+    model = node.models[0] if node.models else ""
     if wire is not None and wire.__name__.rsplit(".", 1)[-1] not in engine.wires:
         if routed.fill is None:
             wire.parse(routed.raw)  # the body did not parse: the protocol's own 400 (raises), as a node gives it
-        model = node.models[0] if node.models else routed.fill.model
+        model = model or routed.fill.model or ""
         path, body = openai_request(routed.fill, model)
-        convert = Translation(wire, routed.fill, routed.model or model)
-        if not engine.cancels_whole and not routed.fill.stream:
-            body, convert.collect = {**body, "stream": True, "stream_options": {"include_usage": True}}, True
+        cutter = None if engine.applies_scope else fill_cutter(routed.fill, model, scope)
+        convert = Translation(wire, routed.fill, routed.model or model, cutter=cutter)
+        if (cutter is not None or not engine.cancels_whole) and not routed.fill.stream:
+            body, convert.collect = {**body, **STREAMED}, True
         return path, request_body(node, body, None, False), convert
-    if wire is None and not engine.cancels_whole and routed.body is not None and \
-            (streamed := Collected.streamed(routed.body)) is not None:
+    body, raw = routed.body, routed.raw
+    if wire is None and body is not None and not engine.applies_scope and "scope" in body:
+        body, raw = without_scope(body), None  # the router applies it
+    if wire is None and routed.kind == "completion" and body is not None and not engine.applies_scope and \
+            (cutter := body_cutter(routed.body, model or str(body.get("model") or ""), scope)) is not None \
+            and Collected.streamed({**body, "stream": False}) is not None:
+        return routed.path, request_body(node, {**body, **STREAMED}, None, own_model), \
+            Scoped(cutter, collect=not routed.stream)
+    if wire is None and not engine.cancels_whole and body is not None and \
+            (streamed := Collected.streamed(body)) is not None:
         return routed.path, request_body(node, streamed, None, own_model), Collected(routed.kind == "chat")
-    return routed.path, request_body(node, routed.body, routed.raw, own_model), None
+    return routed.path, request_body(node, body, raw, own_model), None
 
 
 def request_body(node, body: dict | None, raw: bytes | None, own_model: bool) -> bytes:

@@ -66,7 +66,7 @@ class Editors:
         max_tokens = 1 if warmup else f.prompter.max_tokens(fill.max_tokens, prompt)
         job = f.jobs.make(wire.NAME, fill, prompt.ids, request.headers, received, max_tokens,
                           f.cache_salt(fill, request))
-        f.prompter.dress(job, prompt, fill.scope, fill.n_indent)
+        f.prompter.dress(job, prompt, fill.scope, fill.n_indent, fill.min_confidence)
         job.warmup = warmup
         if fill.prompt_ms is not None and not warmup:  # a warm-up's whole point is its prompt: never cut short
             job.request.prompt_deadline = received + fill.prompt_ms / 1000

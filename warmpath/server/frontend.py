@@ -36,7 +36,8 @@ class Frontend:
         self.engine, self.config = engine, config
         self.tokenizer = engine.tokenizer
         kept = suffix_tokens(config.fim_suffix_tokens, engine.prompt_seconds_per_token, engine.config.block_size)
-        self.prompter = Prompter(self.tokenizer, engine.max_model_len, config.fim_layout, config.completion_scope, kept)
+        self.prompter = Prompter(self.tokenizer, engine.max_model_len, config.fim_layout, config.completion_scope, kept,
+                                 config.min_confidence)
         self.fim, self.encoder = self.prompter.fim, self.prompter.encoder
         self.async_engine = AsyncEngine(engine)
         self.metrics = Metrics(lambda: self.async_engine.snapshot.stats)
@@ -108,7 +109,7 @@ class Frontend:
             body = body.model_copy(update={"temperature": 0.0})
         job = self.jobs.make("completion", body, prompt.ids, request.headers, received,
                              self.prompter.max_tokens(body.max_tokens, prompt), self.cache_salt(body, request))
-        self.prompter.dress(job, prompt, body.scope)
+        self.prompter.dress(job, prompt, body.scope, min_confidence=body.min_confidence)
         return job
 
     async def chat_job(self, body: ChatRequest, request: Request, received: float) -> Job:
@@ -144,11 +145,11 @@ class Frontend:
         finally:
             self.jobs.end(job)  # also when the collecting stopped before it began
         return wire.answer(job.kind, job.request_id, self.model_name, job.echo + job.text, job.finish_reason,
-                           job.usage(), job.fim_mode, self._logprobs(job))
+                           job.usage(), job.fim_mode, self._logprobs(job), job.confidence)
 
     def _logprobs(self, job: Job) -> dict | None:
         """The logprobs of the job's tokens not yet reported, in the answer's shape; None if not asked for."""
-        if job.params.logprobs is None:
+        if not job.logprobs_asked:
             return None
         if job.kind == "chat":
             return self.logprob_format.chat(job.take_logprobs(self.logprob_format.num_chars))
@@ -160,7 +161,8 @@ class Frontend:
         if first and not job.silent:
             text = job.echo + text
         return wire.sse(wire.chunk(job.kind, job.request_id, self.model_name, text, finish, first, job.fim_mode,
-                                   None if job.silent else self._logprobs(job)))
+                                   None if job.silent else self._logprobs(job),
+                                   job.confidence if finish is not None else None))  # on the last chunk
 
     async def _sse(self, job: Job, include_usage: bool):
         first = True

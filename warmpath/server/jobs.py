@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline, session_key
+from warmpath.api.cutters import Chain
 from warmpath.api.fill import SILENT, Outcome
 from warmpath.api.fim import FimTemplate
 from warmpath.api.protocol import ApiError, SamplingFields
@@ -20,7 +21,7 @@ from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
-from warmpath.server.limits import Chain
+from warmpath.server.confidence import UNSURE, Gate
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
            FinishReason.OVERLOADED: "overloaded", FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
@@ -35,6 +36,9 @@ class Job:
     stop: list[str]
     received: float  # time.monotonic() at receipt
     cutter: Chain | None = None  # where the answer ends: the completion scope, llama.cpp's n_indent
+    gate: Gate | None = None  # a FIM answer's confidence (server/confidence.py): unsure, it is silenced
+    held: str = ""  # text held back until the gate has judged the answer
+    logprobs_asked: bool = False  # the client asked for logprobs (the gate has them computed anyway)
     fim_mode: str | None = None
     text: str = ""
     num_generated: int = 0
@@ -83,7 +87,12 @@ class Job:
                        prompt_tokens=len(self.prompt_ids), cached_tokens=self.num_cached,
                        generated_tokens=0 if self.warmup else self.num_generated,
                        prompt_s=(first or now) - self.received, predict_s=now - first if first else 0.0,
-                       truncated=self.truncated)
+                       truncated=self.truncated, confidence=self.confidence)
+
+    @property
+    def confidence(self) -> float | None:
+        """The answer's confidence, once the gate has judged it (None: not a FIM answer, or not judged)."""
+        return None if self.gate is None else self.gate.value
 
     def take_logprobs(self, num_chars: Callable[[int], int]) -> list[tuple[int, TokenLogprob]]:
         """The logprobs of tokens not yet reported whose text has been shown (for the next chunk): a token whose
@@ -143,7 +152,8 @@ class Jobs:
             raise ApiError(400, str(e)) from None
         request = EngineRequest(new_id(kind[:4]), prompt_ids, params, session_key(headers, body.user),
                                 parse_deadline(headers, received), cache_salt)
-        return Job(request, kind, body.stop or [], received, num_tier=None if self.engine.tier is None else 0)
+        return Job(request, kind, body.stop or [], received, num_tier=None if self.engine.tier is None else 0,
+                   logprobs_asked=body.num_logprobs is not None)
 
     def start(self, job: Job) -> None:
         """Submit the job, before its answer starts: ApiError 400 if the engine can never run it, 503 if the engine
@@ -164,6 +174,18 @@ class Jobs:
         try:
             async for out in job.stream:
                 delta = self._take(job, out, detok)
+                ends = out.finished or detok.stopped or bool(job.cutter and job.cutter.cut)
+                if ends and job.gate is not None:
+                    job.gate.finish()
+                if job.gate is not None and job.gate.threshold > 0 and not job.gate.passed:
+                    if not job.gate.judged:  # held back until the gate has judged the first line
+                        job.held += delta
+                        continue
+                    if job.gate.unsure:  # silence; closing the stream (end()) stops the decode at once
+                        job.finish_reason = UNSURE
+                        return
+                    job.gate.passed = True
+                    delta, job.held = job.held + delta, ""
                 if delta:
                     job.text += delta
                     yield delta
@@ -197,8 +219,7 @@ class Jobs:
         async for _ in self.run(job):
             pass
 
-    @staticmethod
-    def _take(job: Job, out: RequestOutput, detok: IncrementalDetokenizer) -> str:
+    def _take(self, job: Job, out: RequestOutput, detok: IncrementalDetokenizer) -> str:
         """One engine output into the job's counts; the new text it makes visible."""
         job.num_cached = out.num_cached_tokens
         if job.num_tier is not None:
@@ -207,9 +228,14 @@ class Jobs:
             job.first_token = time.monotonic()
         job.num_generated = len(out.token_ids)
         if out.new_logprobs:
-            job.logprobs += zip(out.new_token_ids, out.new_logprobs, strict=True)
-            if out.finish_reason == FinishReason.STOP:
-                job.logprobs.pop()  # the stop token, which is not text
+            if job.gate is not None:
+                pieces = self.engine.tokenizer.token_bytes  # the model's vocabulary may be padded past it
+                job.gate.observe([(pieces[t] if t < len(pieces) else None) or b"" for t in out.new_token_ids],
+                                 [lp[0] for lp in out.new_logprobs])
+            if job.logprobs_asked:
+                job.logprobs += zip(out.new_token_ids, out.new_logprobs, strict=True)
+                if out.finish_reason == FinishReason.STOP:
+                    job.logprobs.pop()  # the stop token, which is not text
         delta = detok.add(out.new_token_ids)
         if out.finished:
             delta += detok.finish()

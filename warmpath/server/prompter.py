@@ -8,14 +8,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from warmpath.api.cutters import Chain, IndentCutter
 from warmpath.api.fill import Fill, Rendered, render
 from warmpath.api.fim import LAYOUTS, keep_suffix
 from warmpath.api.protocol import ApiError
+from warmpath.api.scope import SCOPES, Scope
 from warmpath.models.tokenizer import Tokenizer
+from warmpath.server.confidence import Gate
 from warmpath.server.jobs import Job
-from warmpath.server.limits import Chain, IndentCutter
 from warmpath.server.prompts import PromptEncoder, detect_fim, fim_stop_ids, split_literal_fim
-from warmpath.server.scope import SCOPES, Scope
 
 
 @dataclass
@@ -27,14 +28,18 @@ class Prompt:
 
 class Prompter:
     def __init__(self, tokenizer: Tokenizer, max_model_len: int, layout: str, completion_scope: str,
-                 suffix_tokens: int | None = None):
-        """suffix_tokens: the most tokens of a FIM suffix the prompt keeps (api/fim.keep_suffix); None: all."""
+                 suffix_tokens: int | None = None, min_confidence: float = 0.0):
+        """suffix_tokens: the most tokens of a FIM suffix the prompt keeps (api/fim.keep_suffix); None: all.
+        min_confidence: the confidence gate's default threshold (server/confidence.py)."""
         if layout not in LAYOUTS:
             raise ValueError(f"--fim-layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if completion_scope not in SCOPES:
             raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {completion_scope!r}")
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"--min-confidence must be in [0, 1], got {min_confidence}")
         self.layout, self.completion_scope, self.suffix_tokens = layout, completion_scope, suffix_tokens
+        self.min_confidence = min_confidence
         self.fim = detect_fim(tokenizer)
         self.fim_stop_ids = fim_stop_ids(tokenizer, self.fim) if self.fim else []
         self.encoder = PromptEncoder(tokenizer, max_model_len)
@@ -93,9 +98,11 @@ class Prompter:
         raise ApiError(400, f"the prompt does not fit the model's context of {self.max_model_len} tokens",
                        param="prompt", code="context_length_exceeded")
 
-    def dress(self, job: Job, prompt: Prompt, scope: str | None, n_indent: int = 0) -> None:
+    def dress(self, job: Job, prompt: Prompt, scope: str | None, n_indent: int = 0,
+              min_confidence: float | None = None) -> None:
         """The job ends at the family's markers (as special tokens: stop ids, never shown; spelled out in text: stop
-        strings) and where the completion scope (the request's, else the server's) or llama.cpp's n_indent cut."""
+        strings) and where the completion scope (the request's, else the server's) or llama.cpp's n_indent cut; a
+        FIM answer is judged by the confidence gate (the request's threshold, else the server's)."""
         r = prompt.rendered
         job.fim_mode, job.truncated = r.fim_mode, prompt.truncated
         if r.stops:
@@ -105,3 +112,7 @@ class Prompter:
         cut = Scope(*r.cursor, scope) if r.cursor is not None and scope != "none" else None
         if cut is not None or n_indent:
             job.cutter = Chain(IndentCutter(n_indent) if n_indent else None, cut)
+        if r.cursor is not None:  # its tokens' log-probabilities are computed for the gate
+            job.gate = Gate(self.min_confidence if min_confidence is None else min_confidence)
+            if job.params.logprobs is None:
+                job.params.logprobs = 0

@@ -18,8 +18,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from warmpath.api.fim import FimTemplate, fim_for_model, suffix_budget
-from warmpath.config import ModelConfig, warmpath_home
+from warmpath.api.fim import FimTemplate, fim_for_model, suffix_tokens
+from warmpath.config import ModelConfig, ServerConfig, warmpath_home
 from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.models.footprint import kv_pool_blocks
 
@@ -96,9 +96,10 @@ class Profile:
         return fim_for_model(self.model_spec or "")
 
     @property
-    def fim_suffix_tokens(self) -> int:
-        """The FIM suffix the server keeps on this profile's machine: api/fim.suffix_budget of a token's cost."""
-        return suffix_budget(self.cost[self.default_dtype].per_token, self.block_size)
+    def fim_suffix_tokens(self) -> int | None:
+        """The FIM suffix the server keeps on this profile's machine by default (`--fim-suffix-tokens`: None, the
+        whole suffix; "auto", api/fim.suffix_budget of a token's cost)."""
+        return suffix_tokens(ServerConfig.fim_suffix_tokens, self.cost[self.default_dtype].per_token, self.block_size)
 
     @property
     def kv_block_bytes(self) -> int:

@@ -1,5 +1,5 @@
 """llama.cpp's generation limits for editor requests, on text deltas: `n_indent` (end before a line that leaves
-the block) and a chain of such cutters (with the completion scope, server/scope.py). `t_max_predict_ms` is
+the block) and a chain of such cutters (with the completion scope, api/scope.py). `t_max_predict_ms` is
 jobs.run's (it needs the clock). Each holds back as little as it can, so a streamed completion still arrives
 token by token."""
 

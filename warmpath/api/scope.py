@@ -6,8 +6,11 @@ llama.vim, a raw OpenAI client) inserts all of that, and every token past the en
 taken from the next keystroke. So the server ends the answer where the code ends; each rule cuts before the
 first line it matches, and the request is aborted there (the tokens not generated are the saving):
 
-- line: the cursor is mid-line (code before and after it on its line): the answer is the rest of that line,
-  without the code after the cursor written again at its end.
+- line: after typed code on the cursor's line, the answer is the rest of that line, without the code after the
+  cursor written again at its end (and the space before that code), as Copilot and tabby-agent complete; with
+  nothing after the cursor, a line that the answer makes open a block (`:`, `{`, `(`, `[` at its end) goes on
+  into that block when it is empty in the file (the code below is not indented under the line), and ends there;
+  an answer that starts with a newline after a complete line is the next lines, scoped as on a blank line below.
 - suffix: a line equal, indentation and all, to the suffix's first non-blank line or to one of its next
   SUFFIX_LINES lines (of REPEAT_MIN_CHARS or more): the model reached code that is already there.
 - dedent: a line less indented than the cursor's block (the block of the cursor's line; at the end of a line that
@@ -21,10 +24,16 @@ first line it matches, and the request is aborted there (the tokens not generate
   indented) the answer may write more statements.
 - repeat: lines that repeat, indentation and all, the lines just before them (a line or a block of up to
   REPEAT_LINES; one shorter than REPEAT_MIN_CHARS, like `}` or `x += 1`, is cut at its third copy, not its second).
+- gap: a blank line after code: the answer is one group of lines, as tabby's "\n\n" stop and Continue's first
+  blank line end it; not in the body of an empty block (the line above the cursor, or the cursor's line, opens a
+  block with no code under it yet), which may hold blank lines.
+A closing bracket line that the suffix already has (its first line) is never written twice. On a blank cursor
+line the answer's leading blank lines are dropped (and its first line's indentation up to the cursor's): it
+starts on the cursor's line.
 
-Scopes: "auto" (line when the cursor is mid-line, else block), "statement" (line when mid-line, else block and
-statement), "line", "block" (suffix, dedent, repeat), "none". On HumanEval infilling "statement" scores higher
-where one line is missing and lower where several are (README, "Where an answer ends").
+Scopes: "auto" (line after typed code, else block), "statement" (line after typed code, else block and statement),
+"line", "block" (suffix, dedent, repeat, gap), "none". On HumanEval infilling "statement" scores higher where one
+line is missing and lower where several are (README, "Where an answer ends").
 When a line is cut, the answer ends with the line before it, without its newline when the suffix starts with one
 (the cursor at a line's end), so the suffix follows as in the file; with its newline when the cursor is at the
 start of code (inserting lines above it). Text is held back only while a rule could still cut it, so an answer
@@ -35,7 +44,7 @@ text deltas, nothing else.
 from __future__ import annotations
 
 SCOPES = ("auto", "statement", "line", "block", "none")
-RULES = ("line", "suffix", "dedent", "statement", "repeat")
+RULES = ("line", "suffix", "dedent", "statement", "repeat", "gap", "body")
 REPEAT_LINES = 8  # the longest block whose repetition ends an answer
 SUFFIX_LINES = 5  # the suffix's lines an answer must not write again
 REPEAT_MIN_CHARS = 12  # a block shorter than this can be real code twice, never three times
@@ -46,14 +55,41 @@ CONTINUES = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", "%", "&", "
 
 
 def resolve(scope: str, prefix: str, suffix: str) -> str:
-    """The scope a request gets: "auto" and "statement" are "line" when code is on both sides of the cursor, else
+    """The scope a request gets: "auto" and "statement" are "line" after typed code on the cursor's line, else
     "block" and "statement"."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     if scope not in ("auto", "statement"):
         return scope
-    mid_line = prefix[prefix.rfind("\n") + 1:].strip() and suffix.split("\n", 1)[0].strip()
-    return "line" if mid_line else "block" if scope == "auto" else "statement"
+    typed = prefix[prefix.rfind("\n") + 1:].strip()
+    return "line" if typed else "block" if scope == "auto" else "statement"
+
+
+def _unbalanced(line: str) -> int:
+    """Brackets a line leaves unmatched: closers with nothing open, and openers still open at its end."""
+    depth = unmatched = 0
+    for ch in line:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth:
+                depth -= 1
+            else:
+                unmatched += 1
+    return unmatched + depth
+
+
+def _indent_step(text: str) -> int:
+    """The file's indentation step: the commonest increase between consecutive lines with code (4 when none)."""
+    steps: dict[int, int] = {}
+    last = None
+    for line in text.split("\n")[-400:]:
+        if line.strip():
+            width = _indent(line)
+            if last is not None and width > last:
+                steps[width - last] = steps.get(width - last, 0) + 1
+            last = width
+    return max(steps, key=lambda k: (steps[k], -k)) if steps else 4
 
 
 def _indent(line: str) -> int:
@@ -62,17 +98,20 @@ def _indent(line: str) -> int:
 
 
 class Scope:
-    """A cutter (server/limits.py's interface): feed(delta, final) -> the text released; `cut` once a rule ended
+    """A cutter (api/cutters.py's interface): feed(delta, final) -> the text released; `cut` once a rule ended
     the answer, `rule` naming it."""
 
     def __init__(self, prefix: str, suffix: str, scope: str = "auto"):
         resolved = resolve(scope, prefix, suffix)
+        self.request = (prefix, suffix, scope)
         self.mode = "block" if resolved == "statement" else resolved  # "statement" is "block" and one more rule
         self.cursor_line = prefix[prefix.rfind("\n") + 1:]  # the cursor's line up to the cursor
         after, _, below = suffix.partition("\n")
         self.after = after.strip()  # the code after the cursor on its line
-        lines = [self.cursor_line + after, *below.split("\n")]
-        self.target = next((line.rstrip() for line in lines if line.strip()), "")  # the suffix's first line
+        self.space_after = after[:1] in (" ", "\t")  # ... comes after a space: a repeated one goes with it
+        # the suffix's first line: the cursor's when code follows the cursor, else the first one below it with code
+        lines = [self.cursor_line + after] if after.strip() else []
+        self.target = next((line.rstrip() for line in [*lines, *below.split("\n")] if line.strip()), "")
         blank = not self.cursor_line.strip()
         self.keep_newline = blank and bool(self.after)  # the cursor before code: lines go in above it
         opener = not blank and self.cursor_line.rstrip().endswith(OPENERS)
@@ -80,8 +119,26 @@ class Scope:
         self.base: int | None = None if blank else _indent(self.cursor_line) + (1 if opener else 0)
         self.closer_indent = _indent(self.cursor_line) if opener else None
         code_below = [line for line in below.split("\n") if line.strip()]
+        # Line scope at the end of typed code: a line the answer makes open a block goes on into the block when the
+        # block is empty in the file (no code below is indented under the cursor's line).
+        self.may_open = scope in ("auto", "statement") and resolved == "line" and not self.after and not (
+            code_below and _indent(code_below[0]) > _indent(self.cursor_line))
+        self.statement = resolved == "statement" or (scope == "statement" and self.may_open)
+        # At the end of a complete line (nothing after the cursor, no opener), an answer that starts with a newline
+        # is the next lines: scoped as on a blank line below, as tabby-agent's block scope at a line's end.
+        self.may_go_below = self.may_open and not self.cursor_line.rstrip().endswith(OPENERS)
+        self.below_scope: Scope | None = None  # that blank line's scope, once the answer went there
+        # A blank line ends the answer, unless the answer is the body of an empty block (the line above the cursor
+        # opens a block with no code under it yet): a body may hold blank lines.
+        above = next((line for line in reversed(prefix.split("\n")[:-1]) if line.strip()), "")
+        self.gap_ends = not (blank and above.rstrip().endswith(OPENERS) and not (
+            code_below and _indent(code_below[0]) > _indent(above)))
         # The statement rule's evidence, the indentation of the code under the cursor's line; None: the rule is off.
-        self.below_indent = _indent(code_below[0]) if code_below and resolved == "statement" else None
+        self.below_indent = _indent(code_below[0]) if code_below and self.statement else None
+        # The body rule's: on a blank cursor line, a first line that opens a block whose body is the code below it
+        # (one indentation step deeper: the file's own step)
+        self.code_below_indent = _indent(code_below[0]) if code_below and blank else None
+        self.step = _indent_step(prefix)
         # The suffix's next lines long enough to be telling: the answer writing one again has reached code that is
         # already there (the model skipped a line of it, or rewrote the one before).
         self.below = {line.rstrip() for line in code_below[:SUFFIX_LINES] if len(line.strip()) >= REPEAT_MIN_CHARS}
@@ -92,6 +149,7 @@ class Scope:
         self.depth = 0  # brackets the statement's lines left open
         self.text = ""  # the answer so far, cut or not
         self.sent = 0  # characters of it released
+        self.start = 0  # characters of it never released: leading blank lines on a blank cursor line
         self.line_start = 0  # where the current line begins in text
         self.first = True  # the current line is the cursor's (its start is the prefix's)
         self.shown = bool(self.cursor_line.strip())  # the current line shows a character after its indentation
@@ -105,6 +163,12 @@ class Scope:
 
     # -- feeding ----------------------------------------------------------------------------------------------
     def feed(self, delta: str, final: bool = False) -> str:
+        if self.below_scope is None and self.may_go_below and not self.text and delta.startswith("\n"):
+            prefix, suffix, scope = self.request
+            self.below_scope = Scope(prefix + "\n", suffix, scope)
+            self.text, delta = "\n", delta[1:]
+        if self.below_scope is not None:
+            return self._feed_below(delta, final)
         if self.cut or self.mode == "none":
             return "" if self.cut else delta
         for ch in delta:
@@ -124,12 +188,22 @@ class Scope:
             return self._finish()
         return self._release(self._safe())
 
+    def _feed_below(self, delta: str, final: bool) -> str:
+        """The answer went on below a complete line: its newline is released with the first text after it."""
+        below = self.below_scope
+        out = below.feed(delta, final)
+        self.cut, self.rule = below.cut, below.rule
+        if out and not self.sent:
+            out, self.sent = "\n" + out, 1
+        return out
+
     def _line_text(self) -> str:
         return self.text[self.line_start:]
 
     def _release(self, end: int) -> str:
-        out = self.text[self.sent:max(self.sent, end)]
-        self.sent = max(self.sent, end)
+        begin = max(self.sent, self.start)
+        out = self.text[begin:max(begin, end)]
+        self.sent = max(begin, end)
         return out
 
     def _stop(self, rule: str, hold_from: int) -> None:
@@ -146,6 +220,8 @@ class Scope:
             return
         line = self._line_text()
         width = _indent(line)
+        if self.start == self.line_start and not self.seen:  # the answer's first line after dropped blank lines
+            self.start += min(width, len(self.cursor_line))  # ... starts on the cursor's line, at its indentation
         if self.base is None:  # a blank cursor line and a blank first line: the first line written sets the block
             self.base = width
         elif width < self.base:
@@ -170,14 +246,26 @@ class Scope:
         line = self.text[self.line_start:newline]
         whole = self.cursor_line + line if self.first else line
         starts_here = not self.first or not self.cursor_line.strip()  # a line of its own, not the cursor's end
-        self.first, self.line_start = False, newline + 1
+        first, self.first, self.line_start = self.first, False, newline + 1
         if self.mode == "line":
+            if first and self.may_open and whole.rstrip().endswith(OPENERS):
+                self._open_block()  # the line opens an empty block: its body is the answer's
+                self.content_end = newline
+                return
             self._stop("line", self._trim_after(newline))
             return
         if self.closing:
-            self._stop(self.closing, newline)  # after the closing line
+            if self.target and whole.rstrip() == self.target:  # the suffix closes the block already
+                self._stop("suffix", self.content_end)
+            else:
+                self._stop(self.closing, newline)  # after the closing line
             return
         if not whole.strip():
+            wrote = self.seen or (first and self.cursor_line.strip())
+            if wrote and self.gap_ends:
+                self._stop("gap", self.content_end)  # a blank line after code: one group of lines
+            elif not wrote and not self.cursor_line.strip():
+                self.start = self.line_start  # leading blank lines on a blank cursor line are never shown
             return
         if self.statement_indent is not None:  # a line of the answer's statement
             if self.statement_opens is None:
@@ -190,6 +278,9 @@ class Scope:
             if (self.target and whole.rstrip() == self.target) or rejoined:
                 self._stop("suffix", hold_from)
                 return
+            if not self.seen and self._body_below(whole):
+                self._stop("body", newline)  # the block it opens is the code below: this line is the answer
+                return
             self.seen.append(whole.rstrip())
             self.seen_from.append(hold_from)
             held = self._repetition()
@@ -198,6 +289,19 @@ class Scope:
             self.held_lines = held
         if self._statement_complete(whole):
             self._stop("statement", newline)
+
+    def _body_below(self, line: str) -> bool:
+        """The answer's first line, on a blank cursor line, opens a block whose body is already below the cursor
+        (the code there is indented under it): that line alone completes the code."""
+        return self.code_below_indent is not None and line.rstrip().endswith(OPENERS) and \
+            self.code_below_indent == _indent(line) + self.step
+
+    def _open_block(self) -> None:
+        """Line scope goes on into the empty block the cursor's line opens: its body, then its closing line."""
+        self.mode, self.gap_ends = "block", False
+        self.base = _indent(self.cursor_line) + 1
+        self.closer_indent = _indent(self.cursor_line)
+        self.statement_indent = None  # the body's first line starts the statement (statement scope)
 
     def _statement_complete(self, line: str) -> bool:
         """Inside existing code, has the answer's statement ended with this line (no line below can belong to
@@ -224,17 +328,32 @@ class Scope:
         return longest
 
     def _trim_after(self, end: int) -> int:
-        """Line scope: where the line ends, less the code after the cursor if the model wrote it again."""
+        """Line scope: where the line ends, less the code after the cursor if the model wrote it again, whole or
+        its start (see _overlap), and the space before it when the file has one there."""
         line = self.text[:end].rstrip()
-        if self.after and line.endswith(self.after):
-            return len(line) - len(self.after)
-        return end
+        repeated = len(self.after) if self.after and line.endswith(self.after) else self._overlap(line)
+        cut = len(line) - repeated
+        # the repeated text is the file's, unless the line needs it to balance its brackets (`f(g(` + `x)` + `)`)
+        if not repeated or _unbalanced(self.cursor_line + line[:cut] + self.after) > _unbalanced(
+                self.cursor_line + line + self.after):
+            return end
+        return len(line[:cut].rstrip()) if self.space_after else cut
+
+    def _overlap(self, line: str) -> int:
+        """How much of the start of the code after the cursor the answer's line ends with, when that code starts
+        with a closing bracket (`format(parsed)` + `);`)."""
+        if not self.after.startswith(CLOSERS):
+            return 0
+        return next((k for k in range(len(self.after), 0, -1) if line.endswith(self.after[:k])), 0)
 
     # -- what can be released ---------------------------------------------------------------------------------
     def _safe(self) -> int:
         """How much of the text no rule can cut any more."""
         if self.mode == "line":
-            return len(self.text.rstrip()) - len(self.after) if self.after else len(self.text)
+            if not self.after:
+                return len(self.text)
+            end = len(self.text.rstrip()) - len(self.after)  # it may be the code after the cursor written again
+            return len(self.text[:end].rstrip()) if self.space_after else end  # ... with the space before it
         safe = len(self.text)
         if self.held_lines:
             safe = self.seen_from[-self.held_lines]
