@@ -18,6 +18,7 @@ from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.engines import ENGINES, read_load
 from warmpath.router.hashing import HashRing
+from warmpath.router.healing import given_back
 
 KINDS = ("vllm", "llamacpp", "warmpath")
 
@@ -136,16 +137,20 @@ def test_the_fleet_hit_rate_is_the_sum_of_each_engines_own_counters(fleet):
 
 @pytest.mark.parametrize("kind", ("vllm", "llamacpp"))
 def test_fim_answers_of_an_engine_with_no_scope_end_where_warmpath_ends_them(fleet, kind):
-    """vLLM and llama.cpp write on past the hole; the router ends their fill-in-the-middle answers where `warmpath
-    serve` ends its own (api/scope.py), whole, streamed and through /infill, and closes the node's stream at the
-    cut (the node goes idle at once, long before its 400 tokens)."""
+    """vLLM and llama.cpp write on past the hole; the router heals their prompt mid-line (the line's last word left
+    out, written again by the model, then dropped) and ends their fill-in-the-middle answers where `warmpath serve`
+    ends its own (api/scope.py), whole, streamed and through /infill, and closes the node's stream at the cut (the
+    node goes idle at once, long before its 400 tokens)."""
     rurl, engines = fleet
     headers = {"X-Session-Id": session_on(kind, engines)}
     prefix, suffix = "def add(a,", " b):\n    return a + b\n"  # mid-line: the rest of the line
-    raw = httpx.post(engines[kind] + "/v1/completions", json={"model": "smollm2", "prompt": prefix, "max_tokens": 64,
-                                                              "temperature": 0}, timeout=120).json()
-    scope = Scope(prefix, suffix)  # SmolLM2 has no FIM tokens: the plain prompt, cut by the scope
-    want = scope.feed(raw["choices"][0]["text"])
+    given = given_back(prefix)
+    assert given == "a,"  # SmolLM2 has no FIM tokens: the plain prompt without it, "def add("
+    raw = httpx.post(engines[kind] + "/v1/completions", json={"model": "smollm2", "prompt": prefix[:-len(given)],
+                                                              "max_tokens": 64, "temperature": 0}, timeout=120).json()
+    assert raw["choices"][0]["text"].startswith(given)
+    scope = Scope(prefix, suffix)
+    want = scope.feed(raw["choices"][0]["text"][len(given):])
     want += "" if scope.cut else scope.feed("", final=True)
     body = {"model": "smollm2", "prompt": prefix, "suffix": suffix, "max_tokens": 400, "temperature": 0,
             "ignore_eos": True}

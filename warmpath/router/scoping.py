@@ -1,6 +1,7 @@
 """The completion scope for engines that have none (vLLM, SGLang, llama.cpp): the router ends their fill-in-the-middle
 answers where `warmpath serve` ends its own (api/scope.py, with /infill's n_indent), and closes the node's stream at
-the cut, so the node stops decoding. Such answers are always streamed from the node; a client that asked for one
+the cut, so the node stops decoding; mid-line the prompt leaves the line's last word out and the answer must write
+it again (healing.py). Such answers are always streamed from the node; a client that asked for one
 whole answer gets it made here.
 
 Which requests: a completion with a `suffix` (the router renders its FIM prompt for the node), one whose prompt is
@@ -19,13 +20,14 @@ from warmpath.api.cutters import Chain, IndentCutter
 from warmpath.api.fill import Fill, render
 from warmpath.api.fim import fim_for_model
 from warmpath.api.scope import SCOPES, Scope
+from warmpath.router.healing import Respell, given_back
 from warmpath.router.translate import openai_chunks
 
 
 def fill_cutter(fill: Fill, model: str, default: str) -> Chain | None:
     """The cutter of an editor protocol's fill sent to a node of `model` (None: nothing to cut)."""
     cursor = render(fill, fim_for_model(model)).cursor
-    return _chain(cursor, fill.scope or default, fill.n_indent)
+    return _chain(cursor, fill.scope or default, fill.n_indent, heal=fill.suffix is not None and not fill.chat)
 
 
 def body_cutter(body: dict, model: str, default: str) -> Chain | None:
@@ -36,13 +38,19 @@ def body_cutter(body: dict, model: str, default: str) -> Chain | None:
         return None
     cursor = render(Fill(prefix=prompt, suffix=suffix), fim_for_model(model)).cursor
     scope = body.get("scope") if body.get("scope") in SCOPES else default
-    return _chain(cursor, scope)
+    return _chain(cursor, scope, heal=suffix is not None)
 
 
-def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0) -> Chain | None:
-    if cursor is None or (scope == "none" and not n_indent):
+def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0, heal: bool = False) -> Chain | None:
+    """`heal`: the router renders the prompt (a FIM request, not one written in the family's layout), so it can
+    leave the cursor line's last word out for the engine to write again (healing.py)."""
+    if cursor is None:
         return None
-    return Chain(IndentCutter(n_indent) if n_indent else None, Scope(*cursor, scope) if scope != "none" else None)
+    text = given_back(cursor[0]) if heal else ""
+    if scope == "none" and not n_indent and not text:
+        return None
+    return Chain(Respell(text) if text else None, IndentCutter(n_indent) if n_indent else None,
+                 Scope(*cursor, scope) if scope != "none" else None)
 
 
 def without_scope(body: dict) -> dict:

@@ -9,7 +9,8 @@
 - An editor protocol the engine does not speak: as an OpenAI request (translate.py); a whole answer from an
   engine that aborts only streams (llama-server): streamed, and collected by the router.
 - A fill-in-the-middle answer from an engine with no completion scope: streamed, and cut by the router where
-  `warmpath serve` would end it (scoping.py).
+  `warmpath serve` would end it (scoping.py); mid-line its prompt leaves the line's last word for the engine to
+  write again (healing.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 
 from warmpath.api.fill import Extra, Fill, render
 from warmpath.api.fim import fim_for_model
+from warmpath.router.healing import respelled
 from warmpath.router.scoping import Scoped, body_cutter, fill_cutter, without_scope
 from warmpath.router.translate import Collected, Translation, openai_request
 
@@ -41,14 +43,14 @@ def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, by
         convert = Translation(wire, routed.fill, routed.model or model, cutter=cutter)
         if (cutter is not None or not engine.cancels_whole) and not routed.fill.stream:
             body, convert.collect = {**body, **STREAMED}, True
-        return path, request_body(node, body, None, False), convert
+        return path, request_body(node, body, None, False, respelled(cutter)), convert
     body, raw = routed.body, routed.raw
     if wire is None and body is not None and not engine.applies_scope and "scope" in body:
         body, raw = without_scope(body), None  # the router applies it
     if wire is None and routed.kind == "completion" and body is not None and not engine.applies_scope and \
             (cutter := body_cutter(routed.body, model or str(body.get("model") or ""), scope)) is not None \
             and Collected.streamed({**body, "stream": False}) is not None:
-        return routed.path, request_body(node, {**body, **STREAMED}, None, own_model), \
+        return routed.path, request_body(node, {**body, **STREAMED}, None, own_model, respelled(cutter)), \
             Scoped(cutter, collect=not routed.stream)
     if wire is None and not engine.cancels_whole and body is not None and \
             (streamed := Collected.streamed(body)) is not None:
@@ -56,32 +58,36 @@ def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, by
     return routed.path, request_body(node, body, raw, own_model), None
 
 
-def request_body(node, body: dict | None, raw: bytes | None, own_model: bool) -> bytes:
+def request_body(node, body: dict | None, raw: bytes | None, own_model: bool, give_back: str = "") -> bytes:
     """`node` a router/nodes.py Node; `body` the parsed request (None: sent as it came, the node judges it) and
-    `raw` its bytes (None: always serialized); `own_model`: replace the model name with the node's (tiering)."""
+    `raw` its bytes (None: always serialized); `own_model`: replace the model name with the node's (tiering);
+    `give_back`: the end of the prompt a FIM prompt rendered here leaves out (healing.py)."""
     if body is None:
         return raw or b""
     engine, out = node.engine, dict(body)
     if own_model and node.models:
         out["model"] = node.models[0]
     if not engine.accepts_suffix and ("suffix" in out or "extra" in out) and isinstance(out.get("prompt"), str):
-        out = render_fim(out, node.models[0] if node.models else str(out.get("model") or ""))  # what it serves
+        out = render_fim(out, node.models[0] if node.models else str(out.get("model") or ""), give_back)
     for field, value in engine.hints.items():
         out.setdefault(field, value)
     return raw if raw is not None and out == body else json.dumps(out).encode()
 
 
-def render_fim(body: dict, model: str) -> dict:
+def render_fim(body: dict, model: str, give_back: str = "") -> dict:
     """A completion request with `suffix` / `extra` as one plain prompt for `model`'s family (api/fill.render, as
-    the server renders it)."""
+    the server renders it), for the model that node serves; `give_back` (the end of the prefix) left out of it."""
     out = dict(body)
     prefix, suffix, extra = out.pop("prompt"), out.pop("suffix", None) or "", out.pop("extra", None) or []
     files = [Extra(e.get("filename") or "", e.get("text") or "") for e in extra if isinstance(e, dict)] \
         if isinstance(extra, list) else []
-    # These engines do not heal the prompt's last token (engine/healing.py), so the anchored layout, which keeps
-    # their prefix cache warm, is used only where the cursor is at a line's start; inside a line it would end
-    # the prompt inside a word (benchmarks/results/fim_layout_quality_*: measured by pass@1 both ways).
-    layout = "anchored" if not prefix or prefix.endswith("\n") else "cursor"
+    if give_back and prefix.endswith(give_back):
+        prefix = prefix[:len(prefix) - len(give_back)]
+    # These engines do not heal the prompt's last token (engine/healing.py): the anchored layout, which keeps
+    # their prefix cache warm, would end the prompt inside a word mid-line unless the router heals (healing.py);
+    # where it does not (no cutter to check the answer) the cursor layout is used there
+    # (benchmarks/results/fim_layout_quality_*: measured by pass@1 both ways).
+    layout = "anchored" if not prefix or prefix.endswith("\n") or give_back else "cursor"
     rendered = render(Fill(prefix=prefix, suffix=suffix, extra=files), fim_for_model(model), layout)
     out["prompt"] = rendered.text
     if rendered.stops:
