@@ -1,7 +1,8 @@
 """Issue 50's tenancy findings, on real tiny-model nodes and routers on loopback: a router that authenticates to
 its nodes with its own key keeps each client its own tenant on a node isolated by key (prefix hits, sessions);
 a client cannot name another's tenant; sessions (speculation history, warm-ups) are kept per tenant; two
-Authorization headers are refused wherever they would be read; a `#` inside a key is part of it."""
+Authorization headers are refused wherever they would be read; a `#` inside a key is part of it; the router's
+response cache keeps model tiers apart."""
 
 import asyncio
 import contextlib
@@ -171,3 +172,17 @@ def test_a_hash_inside_a_key_is_part_of_the_key(node, tmp_path):
             assert _status(target, "carol#key") == 200, target
             assert _status(target, "carol") == 401 and _status(target, "# clients") == 401, target
 
+
+def test_the_response_cache_keeps_model_tiers_apart(server_config):
+    """The same body sent as a line completion (small tier) and as a block (large tier) is two answers from two
+    models: the large tier's is never the small one's cached answer."""
+    with running_server(server_config) as (small, _), running_server(server_config) as (large, _):
+        cfg = RouterConfig(tier=[f"small={small}", f"large={large}"], health_interval=0.2)
+        with running_app(create_router_app(cfg)) as (rurl, _):
+            def ask(kind: str) -> httpx.Response:
+                return httpx.post(f"{rurl}/v1/completions", json={"prompt": CODE, "max_tokens": 4, "temperature": 0},
+                                  headers={"X-Completion-Kind": kind}, timeout=60)
+            assert ask("line").headers["x-warmpath-node"] == small
+            assert ask("line").headers.get("x-warmpath-cache") == "hit"  # the cache still answers a repeat
+            block = ask("block")
+            assert "x-warmpath-cache" not in block.headers and block.headers["x-warmpath-node"] == large

@@ -200,9 +200,9 @@ class Proxy:
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
         if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (None, *CACHEABLE):
-            # per tenant: see cache.py; an editor protocol's own default temperature decides (Tabby's is greedy)
+            # per tenant and tier (cache.py); an editor protocol's own default temperature decides (Tabby's: greedy)
             body = routed.body if routed.fill is None else {**routed.body, "temperature": routed.fill.temperature}
-            routed.key = cache_key(routed.path, body, authorization(request.headers).encode("latin-1"))
+            routed.key = cache_key(routed.path, body, authorization(request.headers).encode("latin-1"), tier)
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
