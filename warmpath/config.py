@@ -149,12 +149,14 @@ class ServerConfig(ConnectionLimits):
     host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
     port: int = 8000  # TCP port to listen on
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
-    api_keys_file: str | None = None  # more accepted keys, one per line (# comments): one per tenant
+    # More accepted keys, one per line: one per tenant. A "#" at a line's start or after a space starts a comment
+    # ("#" inside a key is part of it).
+    api_keys_file: str | None = None
     max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
     served_model_name: str | None = None  # default: the engine's model spec
-    # Prefix-cache isolation (README, "Security"): "key" mixes a hash of the request's API key into its cache
-    # salt, so clients with different keys never share KV blocks nor see each other's hits; "none" shares the
-    # cache across keys (a request's own `cache_salt` still keeps it apart).
+    # Prefix-cache isolation (README, "Security"): "key" mixes a hash of the request's API key (and the tenant a
+    # router names, server/tenancy.py) into its cache salt, so clients with different keys never share KV blocks
+    # nor see each other's hits; "none" shares the cache across keys (a request's `cache_salt` still keeps it apart).
     cache_isolation: str = "none"
     # FIM prompts of prefix-first families: "anchored" puts the prefix's last lines after the middle marker, so
     # typing leaves the prompt before it cached (api/fim.py anchor()); "cursor": the prefix up to the cursor.
@@ -200,9 +202,13 @@ class RouterConfig(ConnectionLimits):
     cache_entries: int = 1024  # response cache (temperature 0 only); 0 turns it off
     cache_ttl: float = 300.0  # seconds a cached answer stays valid
     api_key: str | None = None  # clients must send it, as to a node; /health stays open
-    api_keys_file: str | None = None  # more accepted keys, one per line (# comments): one per tenant
+    # More accepted keys, one per line: one per tenant. A "#" at a line's start or after a space starts a comment
+    # ("#" inside a key is part of it).
+    api_keys_file: str | None = None
     admin_key: str | None = None  # /admin/* (drain, node list) needs it; without one, /admin is off
-    upstream_api_key: str | None = None  # sent to the nodes; default: the client's Authorization header
+    # Sent to the nodes, with each client's tenant (a hash of its credential, router/forward.py) so a node's
+    # --cache-isolation key still keeps clients apart; default: the client's Authorization header.
+    upstream_api_key: str | None = None
     max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
     served_model_name: str | None = None  # default: the nodes' model
     # A node that stops answering (hung, frozen, cut off without a reset) or leaves the ring: while nothing has

@@ -2,7 +2,8 @@
 (tiny model, loopback HTTP): inline completion and completion give the text the server gives over HTTP;
 incremental edits are followed; a keystroke burst yields one completion while the stale requests abort on the
 server, as `$/cancelRequest` does; past the deadline the answer is empty, never an error; the other open
-documents go along as repository context; shutdown and exit end the process."""
+documents go along as repository context, those named like secrets only when asked; shutdown and exit end the
+process."""
 
 import asyncio
 import sys
@@ -174,9 +175,34 @@ def test_the_other_open_documents_go_along_as_repository_context(server):
     assert with_other > alone + 200  # util.py's ~300 tokens came along
 
 
+def test_open_documents_named_like_secrets_stay_out_of_the_context_unless_asked(server):
+    """A `.env` open beside the code is not sent with every keystroke; `contextSecrets: true` sends it."""
+    url, _ = server
+    env = "API_TOKEN=hunter2\nDATABASE_URL=postgres://admin:pw@db/app\n" * 20
+
+    async def prompt_tokens(**options) -> float:
+        before = counter(url, "warmpath_prompt_tokens_total")
+        client = await started(url, **options)
+        open_doc(client, DOC, "import util\n")
+        open_doc(client, "file:///work/.env", env)
+        await inline(client, DOC, types.Position(1, 0))
+        await stopped(client)
+        return counter(url, "warmpath_prompt_tokens_total") - before
+
+    kept_out, sent = asyncio.run(prompt_tokens()), asyncio.run(prompt_tokens(contextSecrets=True))
+    assert sent > kept_out + 200  # the .env's ~600 tokens went only when asked
+    from warmpath.client.secret_files import looks_secret
+
+    assert all(map(looks_secret, (".env.local", "server.pem", "id_ed25519", "github_token", "db-credentials.json")))
+    assert not any(map(looks_secret, ("util.py", "tokenizer.py", "id_utils.py", "environment.py")))
+
+
 def test_bad_initialization_options_are_an_error_the_editor_sees():
     from warmpath.client.lsp import Settings
 
     assert Settings().updated({"url": "http://h:1", "debounceMs": 10, "other": 1}).url == "http://h:1"
     with pytest.raises(ValueError, match="maxTokens must be an integer"):
         Settings().updated({"maxTokens": "many"})
+    with pytest.raises(ValueError, match="contextSecrets must be a boolean"):
+        Settings().updated({"contextSecrets": 1})
+    assert Settings().updated({"contextSecrets": True}).context_secrets

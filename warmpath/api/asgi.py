@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
+from warmpath.api.credentials import authorization
 from warmpath.api.protocol import ApiError, error_body
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def session_key(headers, user) -> str | None:
         return headers["x-session-id"]
     if isinstance(user, str) and user:
         return user
-    auth = headers.get("authorization", "")
+    auth = authorization(headers)
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return "key-" + hashlib.sha256(auth.encode("latin-1")).hexdigest()[:32]
     return None

@@ -1,5 +1,5 @@
-"""ASGI middleware shared by the server and the router: API key (401), then the body read under a size limit
-(413) and a time limit (408), answered with the OpenAI error object.
+"""ASGI middleware shared by the server and the router: API key (401; two Authorization headers: 400), then the
+body read under a size limit (413) and a time limit (408), answered with the OpenAI error object.
 
 The limit is on the bytes actually received, whatever the framing: a `Content-Length` over it is refused
 before any byte of the body is read, a chunked body as soon as its running total passes it. Headers are
@@ -13,7 +13,8 @@ import hmac
 
 from fastapi.responses import JSONResponse
 
-from warmpath.api.protocol import error_body
+from warmpath.api.credentials import accepted_keys, authorization
+from warmpath.api.protocol import ApiError, error_body
 
 
 class _TooLarge(Exception):
@@ -40,8 +41,11 @@ class GuardMiddleware:
         length = headers.get("content-length", b"").decode("latin-1")
         if length.isdigit() and int(length) > limit:
             return await _refuse(413, f"request body over {limit} bytes", scope, receive, send)
+        try:  # on every path: two credentials are ambiguous to every later reader (admin, session, salt) too
+            auth = authorization(scope.get("headers", [])).encode("latin-1")
+        except ApiError as e:
+            return await JSONResponse(e.body, status_code=e.status)(scope, receive, send)
         if self.keys and not _is_open(scope["path"], self.open_paths):
-            auth = headers.get("authorization", b"")
             if not any(hmac.compare_digest(auth, k) for k in self.keys):  # each compared in constant time
                 return await _refuse(401, "missing or wrong API key", scope, receive, send, "authentication_error",
                                      "invalid_api_key")
@@ -55,15 +59,6 @@ class GuardMiddleware:
         except _Gone:
             return None
         return await self.app(scope, _replay(body, receive), send)
-
-
-def accepted_keys(config) -> list[str]:
-    """The API keys a request may carry: `api_key`, plus one per line of `api_keys_file` (# comments)."""
-    keys = [config.api_key] if config.api_key else []
-    if config.api_keys_file:
-        with open(config.api_keys_file) as f:
-            keys += [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
-    return keys
 
 
 async def _read_body(receive, limit: int) -> bytes:

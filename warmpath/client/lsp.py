@@ -9,7 +9,8 @@ warm). A request first waits the debounce; a newer request for the same document
 it, which closes its HTTP stream, so the server aborts the decode at once. Past the deadline the answer is empty:
 silence, never an error. Where the answer ends is the server's completion scope. Settings come from the
 command's flags, overridden by the client's `initializationOptions` (`url`, `apiKey`, `model`, `maxTokens`,
-`debounceMs`, `deadlineMs`, `contextFiles`).
+`debounceMs`, `deadlineMs`, `contextFiles`, `contextSecrets`). Open documents named like secrets (`.env`, keys,
+tokens: secret_files.py) never go as context unless `contextSecrets` is true.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from warmpath.client.completion import DROPPED, ERROR, RequestRecord, Target, monotonic_clock, stream_completion
+from warmpath.client.secret_files import looks_secret
 from warmpath.config import ClientConfig
 
 if TYPE_CHECKING:  # pygls and lsprotocol load when the server starts, not with every warmpath command
@@ -31,10 +33,11 @@ if TYPE_CHECKING:  # pygls and lsprotocol load when the server starts, not with 
     from pygls.lsp.server import LanguageServer
 
 # initializationOptions keys (the editor's camelCase) -> (Settings field, the JSON types it takes)
-TEXT, WHOLE, NUMBER = (str, "a string"), (int, "an integer"), (int | float, "a number")
+TEXT, WHOLE, NUMBER, FLAG = (str, "a string"), (int, "an integer"), (int | float, "a number"), (bool, "a boolean")
 OPTIONS = {"url": ("url", TEXT), "apiKey": ("api_key", TEXT), "model": ("model", TEXT),
            "maxTokens": ("max_tokens", WHOLE), "debounceMs": ("debounce_ms", NUMBER),
-           "deadlineMs": ("deadline_ms", NUMBER), "contextFiles": ("context_files", WHOLE)}
+           "deadlineMs": ("deadline_ms", NUMBER), "contextFiles": ("context_files", WHOLE),
+           "contextSecrets": ("context_secrets", FLAG)}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Settings:
     debounce_ms: float = ClientConfig.debounce_ms
     deadline_ms: float = ClientConfig.max_time_ms  # the whole answer; forwarded so the server stops too
     context_files: int = 4  # other open documents sent as repository context
+    context_secrets: bool = False  # send documents named like secrets (secret_files.py) as context too
     prefix_chars: int = 8000
     suffix_chars: int = 2000
     context_chars: int = 4000  # of each other document
@@ -59,7 +63,7 @@ class Settings:
             if key not in OPTIONS or value is None:
                 continue
             name, (kind, words) = OPTIONS[key]
-            if not isinstance(value, kind) or isinstance(value, bool):
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):  # true is no 1
                 raise ValueError(f"initializationOptions.{key} must be {words}, got {value!r}")
             given[name] = value
         return replace(self, **given)
@@ -85,7 +89,8 @@ class Completer:
 
     def context(self, ls: LanguageServer, uri: str) -> list[dict]:
         s = self.settings
-        others = sorted((u for u in self.edited if u != uri), key=self.edited.get, reverse=True)[:s.context_files]
+        others = sorted((u for u in self.edited if u != uri and (s.context_secrets or not looks_secret(u))),
+                        key=self.edited.get, reverse=True)[:s.context_files]
         files = []
         for other in others:
             doc = ls.workspace.get_text_document(other)
@@ -198,10 +203,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the whole answer: later, the completion is empty (and the server stops)")
     p.add_argument("--context-files", type=int, default=d.context_files,
                    help="other open documents sent as repository context")
+    p.add_argument("--context-secrets", action="store_true",
+                   help="also send open documents named like secrets (.env, *.pem, id_*, *token*) as context")
 
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings(url=args.url, api_key=args.api_key, model=args.model, max_tokens=args.max_tokens,
-                        debounce_ms=args.debounce_ms, deadline_ms=args.deadline_ms, context_files=args.context_files)
+                        debounce_ms=args.debounce_ms, deadline_ms=args.deadline_ms, context_files=args.context_files,
+                        context_secrets=args.context_secrets)
     create_server(settings).start_io()
     return 0

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from warmpath.api import ollama, tabby
 from warmpath.api.asgi import install_error_handlers
+from warmpath.api.credentials import authorization
 from warmpath.api.guard import GuardMiddleware
 from warmpath.api.protocol import ApiError
 from warmpath.config import RouterConfig
@@ -72,8 +73,8 @@ def _admin(request: Request) -> Proxy:
     if not p.config.admin_key:
         raise ApiError(403, "admin routes are off: start the router with --admin-key", "permission_error",
                        code="admin_disabled")
-    auth = request.headers.get("authorization", "")
-    if not hmac.compare_digest(auth.encode(), f"Bearer {p.config.admin_key}".encode()):
+    auth = authorization(request.headers)
+    if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {p.config.admin_key}".encode()):
         raise ApiError(401, "missing or wrong admin key", "authentication_error", code="invalid_admin_key")
     return p
 

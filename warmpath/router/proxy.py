@@ -27,11 +27,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from warmpath.api import infill, mistral, ollama, tabby
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
+from warmpath.api.credentials import authorization
 from warmpath.api.fill import Fill, Outcome
 from warmpath.api.protocol import ApiError, content_text, error_body
 from warmpath.api.scope import SCOPES
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
+from warmpath.router.forward import forward_headers
 from warmpath.router.metrics import RouterMetrics
 from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
@@ -176,7 +178,7 @@ class Proxy:
         if not available:
             return fault(meta, 503, "no healthy node", "no_healthy_node")
         url = min(available, key=lambda u: self.nodes.loads().get(u, 0))
-        auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
+        auth = self.upstream_headers.get("Authorization") or authorization(request.headers)
         headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
         try:
             r = await self.http.request(request.method, url + path, content=await request.body(), headers=headers,
@@ -198,9 +200,9 @@ class Proxy:
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
         if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (None, *CACHEABLE):
-            # per tenant: see cache.py; an editor protocol's own default temperature decides (Tabby's is greedy)
+            # per tenant and tier (cache.py); an editor protocol's own default temperature decides (Tabby's: greedy)
             body = routed.body if routed.fill is None else {**routed.body, "temperature": routed.fill.temperature}
-            routed.key = cache_key(routed.path, body, request.headers.get("authorization", "").encode("latin-1"))
+            routed.key = cache_key(routed.path, body, authorization(request.headers).encode("latin-1"), tier)
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
@@ -241,22 +243,6 @@ class Proxy:
         self.metrics.degraded.labels("nodes_failed").inc()
         return fault(routed, 502, "the nodes tried for this request failed before answering", "upstream_failed")
 
-    def forward_headers(self, request: Request, routed: Routed) -> dict[str, bytes]:
-        # Values as bytes: a header is passed on byte for byte, whatever it holds (Starlette decoded latin-1).
-        h = {"Content-Type": b"application/json"}
-        for name in ("x-session-id", "x-completion-kind"):
-            if name in request.headers:
-                h[name] = request.headers[name].encode("latin-1")
-        if routed.session and "x-session-id" not in request.headers and routed.session.isascii() and \
-                routed.session.isprintable():  # the node keys the session as we did (its bearer may be ours)
-            h["x-session-id"] = routed.session.encode()
-        if routed.deadline is not None:
-            h["X-Deadline-Ms"] = f"{max(1.0, (routed.deadline - time.monotonic()) * 1000):.0f}".encode()
-        auth = self.upstream_headers.get("Authorization") or request.headers.get("authorization")
-        if auth:
-            h["Authorization"] = auth.encode("latin-1")
-        return h
-
     async def send(self, request: Request, node: Node, path: str, payload: bytes, routed: Routed,
                    convert: Translation | Collected | None = None) -> Response:
         """One attempt on one node. Raises _Failed while nothing has reached the client yet: the node refused,
@@ -270,7 +256,8 @@ class Proxy:
         handed_over = False  # the relay generator owns resp, the watch and in_flight from here
         try:
             req = self.http.build_request("POST", node.url + path, content=payload,
-                                          headers=self.forward_headers(request, routed))
+                                          headers=forward_headers(request.headers, routed.session, routed.deadline,
+                                                                  self.upstream_headers.get("Authorization")))
             try:
                 async with watch.until(deadline, first, "the answer"):
                     resp = await unless_disconnected(request, self.http.send(req, stream=True))

@@ -65,7 +65,7 @@ class Editors:
             raise ApiError(400, "nothing to complete: the prompt is empty", param="prompt")
         max_tokens = 1 if warmup else f.prompter.max_tokens(fill.max_tokens, prompt)
         job = f.jobs.make(wire.NAME, fill, prompt.ids, request.headers, received, max_tokens,
-                          f.cache_salt(fill, request))
+                          f.tenancy(fill, request))
         f.prompter.dress(job, prompt, fill.scope, fill.n_indent, fill.min_confidence)
         job.warmup = warmup
         if fill.prompt_ms is not None and not warmup:  # a warm-up's whole point is its prompt: never cut short

@@ -8,8 +8,6 @@ empty text and finish_reason "deadline"; one that cannot start in time is answer
 
 from __future__ import annotations
 
-import hashlib
-
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -27,6 +25,7 @@ from warmpath.models.registry import bundled
 from warmpath.server.jobs import Job, Jobs
 from warmpath.server.logprobs import LogprobFormatter
 from warmpath.server.prompter import Prompter
+from warmpath.server.tenancy import Tenancy, tenancy
 
 
 class Frontend:
@@ -66,13 +65,9 @@ class Frontend:
                 "fim_suffix_tokens": self.prompter.suffix_tokens if self.fim else None,  # None: the whole suffix
                 "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype_name)}
 
-    def cache_salt(self, body: SamplingFields, request: Request) -> str | None:
-        """The request's prefix-cache salt: its `cache_salt`, and with cache_isolation "key" a hash of its API
-        key (never the key itself) before it, so each key is its own tenant."""
-        if self.config.cache_isolation != "key":
-            return body.cache_salt
-        key = hashlib.sha256(request.headers.get("authorization", "").encode("latin-1")).hexdigest()
-        return f"{key}\0{body.cache_salt or ''}"
+    def tenancy(self, body: SamplingFields, request: Request) -> Tenancy:
+        """The request's prefix-cache salt and session, scoped by its tenant (tenancy.py)."""
+        return tenancy(request.headers, body.user, body.cache_salt, self.config.cache_isolation)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.accepted_names:
@@ -89,7 +84,7 @@ class Frontend:
             raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if body.suffix else "extra")
         else:
             job = self.jobs.make("completion", body, list(body.prompt), request.headers, received, body.max_tokens,
-                                 self.cache_salt(body, request))
+                                 self.tenancy(body, request))
         if body.echo:
             job.echo = body.prompt if isinstance(body.prompt, str) else self.tokenizer.decode(job.prompt_ids)
             job.text_offset = len(job.echo)
@@ -108,7 +103,7 @@ class Frontend:
         if body.temperature is None and prompt.rendered.fim_mode:  # a FIM completion: greedy unless asked
             body = body.model_copy(update={"temperature": 0.0})
         job = self.jobs.make("completion", body, prompt.ids, request.headers, received,
-                             self.prompter.max_tokens(body.max_tokens, prompt), self.cache_salt(body, request))
+                             self.prompter.max_tokens(body.max_tokens, prompt), self.tenancy(body, request))
         self.prompter.dress(job, prompt, body.scope, min_confidence=body.min_confidence)
         return job
 
@@ -123,7 +118,7 @@ class Frontend:
         except Exception as e:  # a template that fails on these messages is the caller's input problem
             raise ApiError(400, f"chat template failed on these messages: {e}", param="messages") from None
         return self.jobs.make("chat", body, prompt_ids, request.headers, received,
-                              body.max_completion_tokens or body.max_tokens, self.cache_salt(body, request))
+                              body.max_completion_tokens or body.max_tokens, self.tenancy(body, request))
 
     # -- answers ----------------------------------------------------------------------------------------------
     async def respond(self, job: Job, body: SamplingFields, request: Request):

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from warmpath.api.asgi import parse_deadline, session_key
+from warmpath.api.asgi import parse_deadline
 from warmpath.api.cutters import Chain
 from warmpath.api.fill import SILENT, Outcome
 from warmpath.api.fim import FimTemplate
@@ -22,6 +22,7 @@ from warmpath.engine.engine import Engine
 from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from warmpath.server.confidence import UNSURE, Gate
+from warmpath.server.tenancy import Tenancy
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
            FinishReason.OVERLOADED: "overloaded", FinishReason.ERROR: "error", FinishReason.ABORT: "abort"}
@@ -133,7 +134,7 @@ class Jobs:
             job.logprob_chars = -len(text)  # the first token's characters include it; the answer's text does not
 
     def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
-             max_tokens: int | None, cache_salt: str | None = None) -> Job:
+             max_tokens: int | None, tenancy: Tenancy) -> Job:
         """A job for this prompt, or ApiError (400) if its parameters are bad or it does not fit the model with
         the max_tokens asked for (the engine checks the rest at start())."""
         max_len = self.engine.max_model_len
@@ -150,8 +151,8 @@ class Jobs:
                                     logprobs=body.num_logprobs)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        request = EngineRequest(new_id(kind[:4]), prompt_ids, params, session_key(headers, body.user),
-                                parse_deadline(headers, received), cache_salt)
+        request = EngineRequest(new_id(kind[:4]), prompt_ids, params, tenancy.session,
+                                parse_deadline(headers, received), tenancy.salt)
         return Job(request, kind, body.stop or [], received, num_tier=None if self.engine.tier is None else 0,
                    logprobs_asked=body.num_logprobs is not None)
 

@@ -1,0 +1,32 @@
+"""What a request shares on a node, and with whom: its prefix-cache salt and the session its engine request
+carries (speculation history, warm-ups, the quick-session rule), both scoped by its tenant.
+
+The tenant is its credential's (api/credentials.py, a router's client's when the router names it), with the body's
+`cache_salt`. Sessions are always kept per tenant: another key sending the same X-Session-Id (or `user`) neither
+drafts from this session's history nor ends its warm-up. The prefix cache is per tenant only with
+`cache_isolation` "key" (else per `cache_salt` alone: sharing is the deployer's choice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from warmpath.api.asgi import session_key
+from warmpath.api.credentials import tenant
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    salt: str | None  # the prefix-cache salt (engine/block_pool.py): blocks are shared only within one
+    session: str | None  # the engine's session id; None: the request belongs to no session
+
+
+def tenancy(headers, user: object, cache_salt: str | None, isolation: str) -> Tenancy:
+    """`headers`: the request's; `user`: the protocol's user field (api/asgi.session_key); `isolation`: the
+    server's cache_isolation ("none" or "key")."""
+    scope = f"{tenant(headers)}\0{cache_salt or ''}"
+    session = session_key(headers, user)
+    if session is not None:  # hashed: bounded, and no tenant can name another's
+        session = hashlib.sha256(f"{scope}\0{session}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return Tenancy(scope if isolation == "key" else cache_salt, session)
