@@ -73,3 +73,4 @@ def test_eval_scores_a_served_model_over_http(tmp_path, tiny_long_dir, protocol)
     assert [r["task_id"] for r in report["results"]] == [t.task_id for t in spread(single_line_tasks(
         fetch_problems()), 4)]
     assert "pass@1" in done.stdout
+    assert "eval sandbox: isolated" in done.stderr and {"network", "files", "why"} <= report["sandbox"].keys()

@@ -36,6 +36,7 @@ from warmpath.client.completion import (
 from warmpath.eval import repo
 from warmpath.eval.execute import passes
 from warmpath.eval.humaneval import fetch_problems, mid_line, multi_line_tasks, single_line_tasks, spread
+from warmpath.eval.sandbox import probe
 
 FIM_PROMPT = "fim-prompt"
 CURSORS = ("line-start", "mid-line")
@@ -96,6 +97,8 @@ async def evaluate(args: argparse.Namespace) -> int:
         tasks = [mid_line(t) for t in tasks]
     literal = args.protocol == FIM_PROMPT
     target = Target(args.target, args.model, args.api_key, "openai" if literal else args.protocol)
+    sandbox = await asyncio.to_thread(probe)  # the answers are the target's code: say how far they are shut in
+    print(f"eval sandbox: {sandbox.describe()}", file=sys.stderr)
     clock = monotonic_clock()
     results: list[TaskResult] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as http:
@@ -132,7 +135,7 @@ async def evaluate(args: argparse.Namespace) -> int:
                "protocol": args.protocol, "model": target.model, "label": args.label,
                "mean_seconds": sum(r.seconds for r in results) / max(1, len(results)),
                "mean_tokens": sum(r.tokens for r in results) / max(1, len(results)),
-               "date": time.strftime("%Y-%m-%d")}
+               "sandbox": asdict(sandbox), "date": time.strftime("%Y-%m-%d")}
     print(f"pass@1 {100 * summary['pass_at_1']:.1f}% ({passed} of {len(results)} tasks"
           f"{f', {errors} errors' if errors else ''}), {summary['mean_tokens']:.1f} tokens a request, "
           f"{summary['benchmark']}, {target.model}")

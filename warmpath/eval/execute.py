@@ -1,25 +1,11 @@
-"""Running a completed program against its tests: a fresh isolated interpreter in an empty directory, with a time
-and memory bound; it passes when it exits 0."""
+"""Running a completed program against its tests: in eval's sandbox (eval/sandbox.py), a bare interpreter shut off
+from the network and the user's files where the system allows it, with time, CPU, memory, process, file and output
+bounds; it passes when it exits 0 within them."""
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import sys
-import tempfile
-
-MEMORY_BYTES = 2 << 30
-
-
-def _limits() -> None:  # in the child, before exec
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+from warmpath.eval.sandbox import Limits, run_python
 
 
 def passes(program: str, timeout_s: float = 10.0) -> bool:
-    with tempfile.TemporaryDirectory(prefix="warmpath-eval-") as cwd:
-        try:
-            done = subprocess.run([sys.executable, "-I", "-c", program], cwd=cwd, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL, capture_output=True, preexec_fn=_limits)
-        except subprocess.TimeoutExpired:
-            return False
-    return done.returncode == 0
+    return run_python(program, Limits(timeout_s=timeout_s)).passed
