@@ -11,6 +11,7 @@ from engine_checks import check_pool_invariants, code_texts
 from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
+from warmpath.engine import kv_tier
 from warmpath.engine.kv_tier import DiskTier
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -146,10 +147,10 @@ def test_a_tenants_blocks_never_serve_another(tiny_long_dir, tmp_path, prompt, r
 
 def test_a_full_disk_leaves_blocks_in_ram_and_says_so(tiny_long_dir, tmp_path, prompt, reference, monkeypatch,
                                                        caplog):
-    def no_space(self, data):
+    def no_space(path, data, durable=True):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_bytes", no_space)
+    monkeypatch.setattr(kv_tier, "write_atomic", no_space)
     engine = make(tiny_long_dir, tmp_path)
     assert run(engine, prompt, rid="a") == (reference, 0, 0)
     engine.tier.tier.flush()

@@ -72,15 +72,19 @@ def test_another_file_or_option_set_has_another_packing_and_older_ones_go(tmp_pa
     before = cache_path(str(path), "checkpoint int8")
     assert cache_path(str(path), "checkpoint fp32") != before
     st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # rewritten in place, same size and ends
-    assert cache_path(str(path), "checkpoint int8") != before
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # touched, the same bytes: the same packing
+    assert cache_path(str(path), "checkpoint int8") == before
+    size = path.stat().st_size
+    write_gguf(path, "qwen2", q4_k_m(2), QWEN_VOCAB, num_layers=2, seed=1)  # rewritten: same name and size
+    assert path.stat().st_size == size and cache_path(str(path), "checkpoint int8") != before
     assert cache_path(str(tmp_path), "checkpoint int8") is None  # a directory: nothing kept
 
     ckpt = load_checkpoint(str(path), torch.float32)
     for activations in ("int8", "fp32"):
         NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, 16, activations=activations,
                       source=str(path))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2))
+    write_gguf(path, "qwen2", q4_k_m(2), QWEN_VOCAB, num_layers=2, seed=2)
+    ckpt = load_checkpoint(str(path), torch.float32)
     NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, None, 16, activations="int8", source=str(path))
     kept = sorted(p.name for p in (tmp_path / "home" / "packed").iterdir())
     assert len(kept) == 4 and sum("int8" in k for k in kept) == 2, kept  # per option set: the latest pair

@@ -101,8 +101,7 @@ class Engine:
         if config.kv_offload_dir:
             gemv = [] if config.gemv_dtype == "none" else [f"gemv {config.gemv_dtype}"]
             computed_by = self.plan.backends + gemv  # what a block's numbers depend on
-            key = tier_key(self.source, computed_by, self.plan.key, self.kv_dtype, config.block_size,
-                           self.model_config)
+            key = tier_key(self.source, computed_by, self.kv_dtype, config.block_size, self.model_config)
             self.tier = KVOffload(DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes)), kv)
             self.pool.on_cached, self.scheduler.tier = self.tier.save, self.tier
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",

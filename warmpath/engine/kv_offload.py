@@ -11,15 +11,13 @@ import torch
 
 from warmpath.config import ModelConfig
 from warmpath.engine.kv_tier import DiskTier
-from warmpath.engine.plan_timing import code_identity
-from warmpath.models.checkpoint import file_identity
+from warmpath.identity import model_identity, numerics_identity
 
 
-def tier_key(source: str, backends: list[str], plan_key: str, kv_dtype: torch.dtype, block_size: int,
-             model: ModelConfig) -> str:
-    """Everything that makes a block's K/V valid: the model file, the backends and code that computed it (a plan's
-    key names the code, the CPU and the file too), the KV dtype, the block size, the model's shape."""
-    what = [file_identity(Path(source)), " + ".join(backends), plan_key or code_identity(), str(kv_dtype),
+def tier_key(source: str, backends: list[str], kv_dtype: torch.dtype, block_size: int, model: ModelConfig) -> str:
+    """Everything that makes a block's K/V valid (identity.py): the model file's content, the backends that
+    computed it and the code, torch and CPU behind them, the KV dtype, the block size, the model's shape."""
+    what = [model_identity(Path(source)), " + ".join(backends), numerics_identity(), str(kv_dtype),
             str(block_size), repr(model)]
     return hashlib.sha256("\n".join(what).encode()).hexdigest()[:24]
 

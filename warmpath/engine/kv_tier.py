@@ -14,6 +14,7 @@ Pure Python over bytes (the simulator imports this module): kv_offload.py copies
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -28,11 +29,14 @@ from typing import Protocol
 
 import numpy as np
 
+from warmpath.store import private_dir, write_atomic
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"WPKV\x01"
 # magic, key digest (32), block hash (32), tokens in the block, payload bytes, payload blake2b (32)
 HEADER = struct.Struct(f"<{len(MAGIC)}s32s32sIQ32s")
+STALE_TMP_S = 600.0  # a temporary file older than this is a crash's leftover, not a write in progress
 
 
 class KVTier(Protocol):
@@ -74,8 +78,7 @@ class DiskTier:
     too, so a block is never missing between its caching and its write."""
 
     def __init__(self, root: str | Path, key: str, max_bytes: int):
-        self.dir = Path(root).expanduser() / key
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = private_dir(private_dir(Path(root)) / key)  # a team's code, as token ids and K/V
         self.key_digest = hashlib.sha256(key.encode()).digest()
         self.max_bytes = max_bytes
         self.stats = TierStats()
@@ -101,8 +104,10 @@ class DiskTier:
         for _, h, size in sorted(found):
             self._index[h] = size
             self._bytes += size
-        for p in self.dir.glob("*.tmp"):  # a write cut short by a crash
-            p.unlink(missing_ok=True)
+        for p in self.dir.glob("*.tmp"):  # a write cut short by a crash (not one another server is making now)
+            with contextlib.suppress(OSError):
+                if time.time() - p.stat().st_mtime > STALE_TMP_S:
+                    p.unlink()
         self._shrink()
         if found:
             log.info("KV tier: %d blocks (%.0f MB) found in %s", len(self._index), self._bytes / 1e6, self.dir)
@@ -213,12 +218,9 @@ class DiskTier:
             token_ids, payload = item
             data = HEADER.pack(MAGIC, self.key_digest, h, len(token_ids), len(payload), _digest(payload)) + \
                 np.asarray(token_ids, dtype="<i8").tobytes() + payload
-            path, tmp = self._path(h), self._path(h).with_suffix(".tmp")
-            try:
-                tmp.write_bytes(data)
-                os.replace(tmp, path)  # whole or absent: a crash never leaves half a block under its name
+            try:  # whole or absent under its name; not fsynced: a block torn by a power cut fails its checksum
+                write_atomic(self._path(h), data, durable=False)
             except OSError as e:
-                tmp.unlink(missing_ok=True)
                 self.stats.write_errors += 1
                 with self._lock:
                     self._pending.pop(h, None)

@@ -14,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from warmpath.store import write_atomic
+
 # native-int8-bf16attn: int8 products with the attention in bf16 too (AMX tiles or AVX512-BF16 dot products: a
 # candidate only where the CPU has one), native-int8 with it in fp32.
 BACKENDS = ("native-int8", "native-int8-bf16attn", "native-fp32", "torch-bf16", "torch-fp32", "torch-fp16")
@@ -127,9 +129,7 @@ class Plan:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)  # atomic: engines starting together never read half a plan
+        write_atomic(path, json.dumps(asdict(self), indent=1))  # engines starting together never read half a plan
 
     @classmethod
     def load(cls, path: Path) -> Plan:

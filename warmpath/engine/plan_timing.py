@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from warmpath.config import warmpath_home
 from warmpath.engine.plan import (
     BACKENDS,
     DETERMINISTIC,
@@ -34,10 +33,12 @@ from warmpath.engine.plan import (
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.threads import machine_idle_s, others_share
+from warmpath.identity import model_identity
 from warmpath.kernels.native import NativeForward, NativeKernelError, bf16_attention
-from warmpath.models.checkpoint import Checkpoint, file_identity
+from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
+from warmpath.store import home_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def machine_key(ckpt: Checkpoint, threads: int) -> str:
     h = hashlib.sha256()
     h.update(_cpu_identity().encode())
     h.update(f"{torch.__version__} threads={threads} {platform.machine()}".encode())
-    h.update(file_identity(Path(ckpt.source)).encode())
+    h.update(model_identity(Path(ckpt.source)).encode())
     h.update(code_identity().encode())
     return h.hexdigest()[:20]
 
@@ -91,11 +92,11 @@ def _cpu_identity() -> str:
 
 
 def plan_path(key: str) -> Path:
-    return warmpath_home() / "plans" / f"{key}.json"
+    return home_dir("plans") / f"{key}.json"
 
 
 def prompt_speed_path(key: str) -> Path:
-    return warmpath_home() / "plans" / f"{key}.prompt.json"
+    return home_dir("plans") / f"{key}.prompt.json"
 
 
 def prompt_speed(plan: Plan, route: str, measure: Callable[[], float]) -> float:
@@ -111,10 +112,7 @@ def prompt_speed(plan: Plan, route: str, measure: Callable[[], float]) -> float:
         saved = {}
     if route not in saved:
         saved[route] = measure()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(saved))
-        tmp.replace(path)  # atomic: engines starting together never read half a file
+        write_atomic(path, json.dumps(saved))  # engines starting together never read half a file
     return saved[route]
 
 
@@ -129,7 +127,7 @@ def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allo
     path = plan_path(key)
     full = full or allow_nondeterministic
     steps = plan_steps(ckpt.config, full)
-    timings = {} if remeasure or not path.exists() else Plan.load(path).timings
+    timings = {} if remeasure else _saved_timings(path)
     if remeasure:
         prompt_speed_path(key).unlink(missing_ok=True)
     wanted = [b for b in candidates(native_available)
@@ -146,6 +144,17 @@ def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allo
         choose(timings, False, key).save(path)  # the timings are what is kept; the choice is made at load
     how = f"measured {', '.join(missing)}, saved to {path}" if missing else f"loaded {path}"
     return choose({b: t for b, t in timings.items() if b in wanted}, allow_nondeterministic, key), how
+
+
+def _saved_timings(path: Path) -> Timings:
+    """The timings a plan file keeps; none (measured again) where it is absent, torn or not a plan."""
+    try:
+        return Plan.load(path).timings
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError) as e:
+        log.warning("plan %s unreadable (%s): measuring again", path, e)
+        return {}
 
 
 def measure(ckpt: Checkpoint, backends: list[str], steps: list[tuple[str, str, int, int, int]],

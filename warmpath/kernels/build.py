@@ -13,8 +13,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from warmpath.config import warmpath_home
 from warmpath.cpu import cpu_flags
+from warmpath.store import home_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +37,26 @@ def source_digest() -> bytes:
 
 
 def build_library() -> Path:
-    """The built library for this CPU, compiled first if it is not there yet."""
+    """The built library for this CPU, compiled first if it is not there yet, or not whole: loaded only when its
+    bytes are those its digest file (written after it) names, so a library a crash or a power cut emptied or cut
+    short is built again, never loaded."""
     with _BUILDING:
         key = hashlib.sha256(source_digest() + " ".join(CFLAGS).encode() + cpu_flags().encode()).hexdigest()[:16]
-        out = warmpath_home() / "kernels" / f"cpu_forward-{platform.machine()}-{key}.so"
-        if out.exists():
+        out = home_dir("kernels") / f"cpu_forward-{platform.machine()}-{key}.so"
+        digest = out.with_suffix(".so.sha256")
+        if _whole(out, digest):
             return out
-        out.parent.mkdir(parents=True, exist_ok=True)
         cc = os.environ.get("CC", "cc")
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent, prefix=".")
         os.close(fd)
         try:
             subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+                sha = hashlib.file_digest(f, "sha256").hexdigest()
+            os.chmod(tmp, 0o700)  # the linker makes its output 0755
             os.replace(tmp, out)  # atomic: servers starting together never load a half-written file
+            write_atomic(digest, sha)
         except FileNotFoundError as e:
             raise NativeKernelError(f"no C compiler ({cc}) to build the native kernel") from e
         except subprocess.CalledProcessError as e:
@@ -59,6 +66,21 @@ def build_library() -> Path:
                 os.unlink(tmp)
         log.info("built the native kernel: %s", out)
         return out
+
+
+def _whole(out: Path, digest: Path) -> bool:
+    try:
+        want = digest.read_text().strip()
+        with open(out, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() == want:
+                return True
+        log.warning("native kernel %s is not the library that was built (cut short?): building it again", out)
+        return False
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        log.warning("native kernel %s unreadable (%s): building it again", out, e)
+        return False
 
 
 def start_building() -> None:

@@ -12,22 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from warmpath.config import warmpath_home
-from warmpath.models.checkpoint import file_identity
+from warmpath.identity import model_identity, numerics_identity
+from warmpath.store import atomic_file, home_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
 ALIGN = 64
-# The code a packed matrix's bytes depend on: the packing and the conversions of a GGUF file's blocks before it.
-CODE = [Path(__file__).with_name("packing.py"), *(Path(__file__).parents[1] / "models" / p for p in
-                                                 ("gguf.py", "kernel_blocks.py", "ggml_blocks.py", "quant.py"))]
 
 
 @dataclass
@@ -44,11 +40,9 @@ def cache_path(source: str, options: str) -> Path | None:
     path = Path(source)
     if not path.is_file():
         return None
-    # its modification time too: a file rewritten with the same size and ends must not read another's packing
-    h = hashlib.sha256(f"{file_identity(path)}|{path.stat().st_mtime_ns}|{options}".encode())
-    for code in CODE:
-        h.update(code.read_bytes())
-    return warmpath_home() / "packed" / f"{path.stem}-{options.replace(' ', '-')}-{h.hexdigest()[:16]}.bin"
+    # the packing and the conversions of a GGUF file's blocks before it are numerics code (identity.NUMERICS)
+    h = hashlib.sha256(f"{model_identity(path)}|{numerics_identity()}|{options}".encode())
+    return home_dir("packed") / f"{path.stem}-{options.replace(' ', '-')}-{h.hexdigest()[:16]}.bin"
 
 
 class PackedCache:
@@ -91,11 +85,9 @@ class PackedCache:
         if self.path is None or not self.made or self.entries:
             return
         index, offset = {}, 0
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        tmp_index = self.path.with_suffix(f".json.tmp{os.getpid()}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            self.path.with_suffix(".json").unlink(missing_ok=True)
+            with atomic_file(self.path) as f:  # the data first, the index last: an index is only beside its data
                 for name, m in self.made.items():
                     pad = -offset % ALIGN
                     f.write(b"\0" * pad)
@@ -105,15 +97,10 @@ class PackedCache:
                     index[name] = {"kind": m.kind, "rows": m.rows, "cols": m.cols, "int8": m.int8,
                                    "offset": offset, "bytes": raw.nbytes}
                     offset += raw.nbytes
-            self.path.with_suffix(".json").unlink(missing_ok=True)
-            os.replace(tmp, self.path)  # the data first, the index last: an index is only beside its whole file
-            tmp_index.write_text(json.dumps(index))
-            os.replace(tmp_index, self.path.with_suffix(".json"))
+            write_atomic(self.path.with_suffix(".json"), json.dumps(index))
             stem = self.path.name.rsplit("-", 1)[0]
             for old in self.path.parent.glob(f"{stem}-*"):  # this file's packings by older code: never read again
                 if old.suffix in (".bin", ".json") and old.stem != self.path.stem:
                     old.unlink(missing_ok=True)
         except OSError as e:  # a full disk: the next start packs again
             log.warning("could not keep the packed weights at %s: %s", self.path, e)
-            tmp.unlink(missing_ok=True)
-            tmp_index.unlink(missing_ok=True)

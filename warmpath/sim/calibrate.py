@@ -12,10 +12,11 @@ import time
 
 import numpy as np
 
-from warmpath.config import EngineConfig, warmpath_home
+from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
 from warmpath.engine.runner import SeqInput
 from warmpath.sim.cost import FEATURES, CostModel, StepShape
+from warmpath.store import home_dir
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,7 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
 def disk_read_rate(size: int = 256 << 20) -> float:
     """Bytes per second this machine reads back a file it wrote under $WARMPATH_HOME (where the KV tier lives),
     with the file's pages dropped from the page cache first: what a tier read costs after a long idle gap."""
-    root = warmpath_home() / "sim"
-    root.mkdir(parents=True, exist_ok=True)
+    root = home_dir("sim")
     with tempfile.NamedTemporaryFile(dir=root) as f:
         f.write(os.urandom(size))
         f.flush()

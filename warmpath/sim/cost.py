@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from warmpath.api.fim import FimTemplate, fim_for_model, suffix_tokens
-from warmpath.config import ModelConfig, ServerConfig, warmpath_home
+from warmpath.config import ModelConfig, ServerConfig
 from warmpath.engine.step_plan import SchedulerOutput
 from warmpath.models.footprint import kv_pool_blocks
+from warmpath.store import home_dir, write_atomic
 
 FEATURES = ("base", "per_token", "prefill_attention", "per_seq", "kv_read", "per_chunk")
 
@@ -113,13 +114,12 @@ class Profile:
 
 
 def calibration_path(name: str) -> Path:
-    return warmpath_home() / "sim" / f"{name}.json"
+    return home_dir("sim") / f"{name}.json"
 
 
 def save_calibration(name: str, cost: CostModel, meta: dict) -> Path:
     path = calibration_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cost": asdict(cost), **meta}, indent=1))
+    write_atomic(path, json.dumps({"cost": asdict(cost), **meta}, indent=1))
     return path
 
 
