@@ -10,8 +10,8 @@ from engine_checks import check_pool_invariants, code_texts
 
 from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
-from warmpath.engine.engine import Engine
 from warmpath.engine import kv_tier
+from warmpath.engine.engine import Engine
 from warmpath.engine.kv_tier import DiskTier
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
