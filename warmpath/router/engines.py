@@ -33,6 +33,9 @@ class EngineKind:
     wires: tuple[str, ...] = ()  # the editor protocols (api/ modules) it speaks itself, besides OpenAI's
     # It ends fill-in-the-middle answers where the code ends itself (api/scope.py); else the router does.
     applies_scope: bool = False
+    # How its completion can be made to begin with given text (router/healing.py): "grammar" (llama.cpp's GBNF),
+    # "structured_outputs" (vLLM's regex), "regex" (SGLang's); None: it cannot, so the router does not heal.
+    start_constraint: str | None = None
 
 
 ENGINES = {
@@ -45,12 +48,12 @@ ENGINES = {
         "vllm", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second: releases before V1
         (("vllm:prefix_cache_queries_total",), ("vllm:prefix_cache_hits_total",)),
-        accepts_suffix=False, reads_deadline=False),
+        accepts_suffix=False, reads_deadline=False, start_constraint="structured_outputs"),
     # Cached tokens are counted inside its prompt tokens (sglang:cache_hit_rate is the last batch's only).
     "sglang": EngineKind(
         "sglang", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",),
         (("sglang:prompt_tokens_total",), ("sglang:cached_tokens_total",)),
-        accepts_suffix=False, reads_deadline=False),
+        accepts_suffix=False, reads_deadline=False, start_constraint="regex"),
     # llama-server keeps a slot's KV for the next request only when asked (cache_prompt: the default in recent
     # versions, said explicitly for older ones). Its prompt-token counter excludes the cached ones; no KV gauge.
     # Its /v1/completions ignores `suffix`, and its /infill refuses a model without FIM tokens (501): the router
@@ -59,7 +62,8 @@ ENGINES = {
         "llamacpp", ("llamacpp:requests_processing",), ("llamacpp:requests_deferred",), (),
         (("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"),
          ("llamacpp:prompt_tokens_cached_total",)),
-        accepts_suffix=False, reads_deadline=False, hints={"cache_prompt": True}, cancels_whole=False),
+        accepts_suffix=False, reads_deadline=False, hints={"cache_prompt": True}, cancels_whole=False,
+        start_constraint="grammar"),
     # Any other OpenAI-compatible server: no load signal but the router's own count, no suffix.
     "openai": EngineKind("openai", (), (), (), None, accepts_suffix=False, reads_deadline=False),
 }

@@ -1,11 +1,18 @@
-"""Token healing for the engines that have none (vLLM, SGLang, llama.cpp), done in text by the router. A FIM prompt
-that ends inside a line ends inside a word or just after one, on a token the model rarely saw there ("self.fo"
-ends on "fo"), and without healing (engine/healing.py) the model goes on as if that were the whole word. So the
-router gives the cursor line's last word back: the prompt ends before it, in the anchored layout (api/fim.py),
-and the answer must write it again, in the model's own tokens, before anything else. `Respell` checks that and
-drops it; an answer that writes something else is silence, since inserted at the cursor it would not fit."""
+"""Token healing for the engines that have none (vLLM, SGLang, llama.cpp), done by the router. A FIM prompt that
+ends inside a line ends inside a word or just after one, on a token the model rarely saw there ("self.fo" ends on
+"fo"), and without healing (engine/healing.py) the model goes on as if that were the whole word. So the router
+gives the cursor line's last word back: the prompt ends before it, in the anchored layout (api/fim.py), and the
+engine is told to begin its answer with that text (its own constraint: llama.cpp's grammar, vLLM's and SGLang's
+regex), so the model writes it in its own tokens ("fo" + "rmat" or "format"). `Respell` then drops it. Left to
+itself the model often writes something else there (silence, measured: docs/benchmarks.md), so an engine that
+cannot be constrained is not healed: its prompt keeps the cursor layout.
+"""
 
 from __future__ import annotations
+
+# A client's own constraint on the answer: healing would replace it, so such a request is not healed.
+CLIENT_CONSTRAINTS = ("grammar", "json_schema", "structured_outputs", "regex", "ebnf", "guided_regex",
+                      "guided_json", "guided_grammar", "response_format")
 
 
 def _word(c: str) -> bool:
@@ -24,6 +31,23 @@ def given_back(prefix: str) -> str:
     while i and prefix[i - 1] in " \t":
         i -= 1
     return prefix[i:]
+
+
+def constraint(kind: str, text: str) -> dict:
+    """The body fields that make an engine's answer begin with `text` (EngineKind.start_constraint), anything
+    after it allowed."""
+    if kind == "grammar":
+        return {"grammar": f"root ::= {_gbnf_literal(text)} [^\\x00]*"}
+    pattern = "".join("\\" + c if c in _REGEX_SPECIAL else "\\t" if c == "\t" else c for c in text) + "[\\s\\S]*"
+    return {"structured_outputs": {"regex": pattern}} if kind == "structured_outputs" else {"regex": pattern}
+
+
+_REGEX_SPECIAL = set("\\.^$*+?{}[]|()")
+
+
+def _gbnf_literal(text: str) -> str:
+    return '"' + "".join("\\" + c if c in '"\\' else c if " " <= c <= "~" else f"\\U{ord(c):08X}"
+                         for c in text) + '"'
 
 
 class Respell:

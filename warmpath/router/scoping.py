@@ -1,8 +1,8 @@
 """The completion scope for engines that have none (vLLM, SGLang, llama.cpp): the router ends their fill-in-the-middle
 answers where `warmpath serve` ends its own (api/scope.py, with /infill's n_indent), and closes the node's stream at
-the cut, so the node stops decoding; mid-line the prompt leaves the line's last word out and the answer must write
-it again (healing.py). Such answers are always streamed from the node; a client that asked for one
-whole answer gets it made here.
+the cut, so the node stops decoding; mid-line, on an engine that can be told how its answer begins, the prompt
+leaves the line's last word out for the answer to write again (healing.py). Such answers are always streamed from
+the node; a client that asked for one whole answer gets it made here.
 
 Which requests: a completion with a `suffix` (the router renders its FIM prompt for the node), one whose prompt is
 written in the node's family's FIM layout (Zed's), and an editor protocol's fill (translate.py). The scope is the
@@ -20,25 +20,28 @@ from warmpath.api.cutters import Chain, IndentCutter
 from warmpath.api.fill import Fill, render
 from warmpath.api.fim import fim_for_model
 from warmpath.api.scope import SCOPES, Scope
-from warmpath.router.healing import Respell, given_back
+from warmpath.router.healing import CLIENT_CONSTRAINTS, Respell, given_back
 from warmpath.router.translate import openai_chunks
 
 
-def fill_cutter(fill: Fill, model: str, default: str) -> Chain | None:
-    """The cutter of an editor protocol's fill sent to a node of `model` (None: nothing to cut)."""
+def fill_cutter(fill: Fill, model: str, default: str, heal: bool) -> Chain | None:
+    """The cutter of an editor protocol's fill sent to a node of `model` (None: nothing to cut); `heal`: the node's
+    engine can be told how its answer begins (healing.py)."""
     cursor = render(fill, fim_for_model(model)).cursor
-    return _chain(cursor, fill.scope or default, fill.n_indent, heal=fill.suffix is not None and not fill.chat)
+    return _chain(cursor, fill.scope or default, fill.n_indent, heal=heal and fill.suffix is not None and not fill.chat)
 
 
-def body_cutter(body: dict, model: str, default: str) -> Chain | None:
+def body_cutter(body: dict, model: str, default: str, heal: bool) -> Chain | None:
     """The cutter of an OpenAI completion body (its `prompt` and `suffix`, or a prompt in the FIM layout of
-    `model`'s family) sent to a node of `model`."""
+    `model`'s family) sent to a node of `model`; `heal` as for fill_cutter (not where the client constrains the
+    answer itself)."""
     prompt, suffix = body.get("prompt"), body.get("suffix")
     if not isinstance(prompt, str) or (suffix is not None and not isinstance(suffix, str)):
         return None
     cursor = render(Fill(prefix=prompt, suffix=suffix), fim_for_model(model)).cursor
     scope = body.get("scope") if body.get("scope") in SCOPES else default
-    return _chain(cursor, scope, heal=suffix is not None)
+    heal = heal and suffix is not None and not any(k in body for k in CLIENT_CONSTRAINTS)
+    return _chain(cursor, scope, heal=heal)
 
 
 def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0, heal: bool = False) -> Chain | None:

@@ -10,7 +10,7 @@
   engine that aborts only streams (llama-server): streamed, and collected by the router.
 - A fill-in-the-middle answer from an engine with no completion scope: streamed, and cut by the router where
   `warmpath serve` would end it (scoping.py); mid-line its prompt leaves the line's last word for the engine to
-  write again (healing.py).
+  write again, constrained to (healing.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 
 from warmpath.api.fill import Extra, Fill, render
 from warmpath.api.fim import fim_for_model
-from warmpath.router.healing import respelled
+from warmpath.router.healing import constraint, respelled
 from warmpath.router.scoping import Scoped, body_cutter, fill_cutter, without_scope
 from warmpath.router.translate import Collected, Translation, openai_request
 
@@ -39,7 +39,7 @@ def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, by
             wire.parse(routed.raw)  # the body did not parse: the protocol's own 400 (raises), as a node gives it
         model = model or routed.fill.model or ""
         path, body = openai_request(routed.fill, model)
-        cutter = None if engine.applies_scope else fill_cutter(routed.fill, model, scope)
+        cutter = None if engine.applies_scope else fill_cutter(routed.fill, model, scope, heals(engine))
         convert = Translation(wire, routed.fill, routed.model or model, cutter=cutter)
         if (cutter is not None or not engine.cancels_whole) and not routed.fill.stream:
             body, convert.collect = {**body, **STREAMED}, True
@@ -48,7 +48,8 @@ def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, by
     if wire is None and body is not None and not engine.applies_scope and "scope" in body:
         body, raw = without_scope(body), None  # the router applies it
     if wire is None and routed.kind == "completion" and body is not None and not engine.applies_scope and \
-            (cutter := body_cutter(routed.body, model or str(body.get("model") or ""), scope)) is not None \
+            (cutter := body_cutter(routed.body, model or str(body.get("model") or ""), scope, heals(engine))) \
+            is not None \
             and Collected.streamed({**body, "stream": False}) is not None:
         return routed.path, request_body(node, {**body, **STREAMED}, None, own_model, respelled(cutter)), \
             Scoped(cutter, collect=not routed.stream)
@@ -56,6 +57,11 @@ def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, by
             (streamed := Collected.streamed(body)) is not None:
         return routed.path, request_body(node, streamed, None, own_model), Collected(routed.kind == "chat")
     return routed.path, request_body(node, body, raw, own_model), None
+
+
+def heals(engine) -> bool:
+    """Whether the router heals FIM prompts for this engine (EngineKind): it can be told how its answer begins."""
+    return not engine.applies_scope and engine.start_constraint is not None
 
 
 def request_body(node, body: dict | None, raw: bytes | None, own_model: bool, give_back: str = "") -> bytes:
@@ -69,6 +75,8 @@ def request_body(node, body: dict | None, raw: bytes | None, own_model: bool, gi
         out["model"] = node.models[0]
     if not engine.accepts_suffix and ("suffix" in out or "extra" in out) and isinstance(out.get("prompt"), str):
         out = render_fim(out, node.models[0] if node.models else str(out.get("model") or ""), give_back)
+        if give_back:
+            out.update(constraint(engine.start_constraint, give_back))
     for field, value in engine.hints.items():
         out.setdefault(field, value)
     return raw if raw is not None and out == body else json.dumps(out).encode()
