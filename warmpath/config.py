@@ -59,6 +59,11 @@ class SchedulerConfig:
     # on, with what budget the others leave, until the session's next request comes: that keystroke then finds the
     # prefix cached.
     warm_late_prompts: bool = True
+    # Warm-ups waiting for an idle step hold at most this many prompt tokens per tenant (its credential's,
+    # server/tenancy.py) and in all: each refused or late request leaves one, and a client can send any number of
+    # them; past a bound the oldest go first (warmpath_warm_ups_dropped).
+    warm_up_tokens_per_tenant: int = 65536
+    warm_up_tokens: int = 131072
 
 
 @dataclass
@@ -85,6 +90,8 @@ class EngineConfig:
     max_num_seqs: int = SchedulerConfig.max_num_seqs  # the most requests running at once
     step_target_ms: float = SchedulerConfig.step_target_ms  # a prompt's chunk while a quick session waits; 0: off
     warm_late_prompts: bool = SchedulerConfig.warm_late_prompts  # a prompt left unfinished computes on, for later
+    warm_up_tokens_per_tenant: int = SchedulerConfig.warm_up_tokens_per_tenant  # queued warm-ups' tokens, a tenant
+    warm_up_tokens: int = SchedulerConfig.warm_up_tokens  # queued warm-ups' tokens in all
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt's cached prefix
     num_threads: int | None = None  # threads of a step (the kernel's and torch's); default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
@@ -129,7 +136,7 @@ class EngineConfig:
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.step_target_ms,
-                               self.warm_late_prompts)
+                               self.warm_late_prompts, self.warm_up_tokens_per_tenant, self.warm_up_tokens)
 
 
 @dataclass
@@ -142,6 +149,9 @@ class ConnectionLimits:
     keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between two requests
     max_connections: int = 1024  # connections past this are answered 503 and closed
     max_header_bytes: int = 64 << 10  # request line and headers; larger: 431
+    # A session id (X-Session-Id, `user`) longer than this is kept as a hash of itself: server and router key
+    # state by session, and a header may be 64 KiB.
+    max_session_id_chars: int = 128
 
 
 @dataclass

@@ -237,3 +237,19 @@ def test_of_several_warm_ups_the_one_with_the_fewest_tokens_left_computes_first(
         s.update(plan, [[1] for c in plan.chunks if c.sample])
         plan = s.schedule()
     assert steps == ["bob"] * (992 // 32) + ["alice"] * (1696 // 32)  # full blocks only: 992 and 1696 tokens
+
+
+def test_queued_warm_ups_keep_their_bounds_the_oldest_going_first():
+    """Warm-ups wait for an idle step, so late requests from ever new sessions would queue without end: the queue
+    holds at most warm_up_tokens_per_tenant tokens of one tenant (the request's, server/tenancy.py: its cache salts
+    are all one tenant) and warm_up_tokens in all; past a bound the oldest go (the tenant's own for its bound),
+    counted; one alone over a bound never queues."""
+    s = Scheduler(SchedulerConfig(512, 64, 100.0, True, 1000, 1600), BlockPool(512, 16, True, b"test"))
+    asked = [("a", "x", 480), ("b", None, 480), ("a", "y", 480), ("a", "z", 480), ("c", None, 480), ("b", None, 2000)]
+    for i, (tenant, salt, n) in enumerate(asked):
+        s.warm_up(f"r{i}", list(range(i * 10_000, i * 10_000 + n)), f"dev{i}", salt, tenant)
+    assert [w.session_id for w in s.warming] == ["dev2", "dev3", "dev4"]  # dev0 (a's oldest), dev1 (oldest), dev5
+    assert s.warming.tokens == 3 * 480 and s.warming.tenant_tokens("a") == 960
+    assert (s.warming.stats.dropped_tenant, s.warming.stats.dropped_total) == (2, 1)
+    s.add(request("typed", 500, "dev3"))  # a session's next request still ends its warm-up
+    assert [w.session_id for w in s.warming] == ["dev2", "dev4"] and s.warming.tokens == 960

@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -67,18 +67,29 @@ def parse_deadline(headers, now: float) -> float | None:
     return now + ms / 1000
 
 
-def session_key(headers, user) -> str | None:
+class Session(NamedTuple):
+    key: str | None  # None: the request names no session
+    hashed: bool  # the client's id was longer than the cap: key is its hash
+
+
+def session_key(headers, user, max_chars: int = 128) -> Session:
     """Which session a request belongs to: the X-Session-Id header, else the protocol's user field (a string:
     OpenAI's and Tabby's `user`, Mistral's `prompt_cache_key`), else a hash of the bearer token (llama.vim can set
-    no other header; the token itself is never kept). The server and the router both use this rule."""
+    no other header; the token itself is never kept). An id longer than max_chars is kept as a hash of itself:
+    server and router keep sessions as keys, and a client's id could be a header's 64 KiB. The server and the
+    router both use this rule."""
     if headers.get("x-session-id"):
-        return headers["x-session-id"]
-    if isinstance(user, str) and user:
-        return user
-    auth = authorization(headers)
-    if auth[:7].lower() == "bearer " and auth[7:].strip():
-        return "key-" + hashlib.sha256(auth.encode("latin-1")).hexdigest()[:32]
-    return None
+        key = headers["x-session-id"]
+    elif isinstance(user, str) and user:
+        key = user
+    else:
+        auth = authorization(headers)
+        if not (auth[:7].lower() == "bearer " and auth[7:].strip()):
+            return Session(None, False)
+        return Session("key-" + hashlib.sha256(auth.encode("latin-1")).hexdigest()[:32], False)
+    if len(key) <= max_chars:
+        return Session(key, False)
+    return Session("sid-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32], True)
 
 
 def install_error_handlers(app: FastAPI) -> None:

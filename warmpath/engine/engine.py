@@ -195,6 +195,7 @@ class Engine:
             deadline=request.deadline,
             cache_salt=request.cache_salt,
             prompt_deadline=request.prompt_deadline,
+            tenant=request.tenant,
             heal_left=params.heal.encode(),
         )
         self.requests[request.request_id] = req
@@ -214,7 +215,7 @@ class Engine:
         (Scheduler.warm_up), and the session counted as quick if its prompt was nearly all cached."""
         r = request
         self.scheduler.note_arrival(r.session_id, r.prompt_token_ids, r.cache_salt)
-        self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt)
+        self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt, r.tenant)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._finished_unreported)
@@ -352,6 +353,9 @@ class Engine:
             "num_aborted": s.num_aborted,
             "num_deadline_expired": s.num_deadline_expired,
             "num_computed_tokens": s.num_computed_tokens,
+            "warm_up_tokens": self.scheduler.warming.tokens,
+            "warm_ups_dropped_tenant": self.scheduler.warming.stats.dropped_tenant,
+            "warm_ups_dropped_total": self.scheduler.warming.stats.dropped_total,
             "num_evictions": pool.num_evictions,
             "num_blocks": pool.num_blocks,
             "block_size": pool.block_size,

@@ -49,6 +49,12 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(f"warmpath_{name}", doc, labels=["method"])
             c.add_metric([s["spec_method"]], s[key])
             yield c
+        c = CounterMetricFamily("warmpath_warm_ups_dropped", "Warm-ups of late or refused prompts dropped for a "
+                                "bound on their queued tokens (--warm-up-tokens-per-tenant, --warm-up-tokens)",
+                                labels=["bound"])
+        c.add_metric(["tenant"], s["warm_ups_dropped_tenant"])
+        c.add_metric(["total"], s["warm_ups_dropped_total"])
+        yield c
         for name, value, doc in (
             ("num_requests_running", s["num_running"], "Requests holding KV blocks"),
             ("num_requests_waiting", s["num_waiting"], "Requests queued (new or preempted)"),
@@ -58,6 +64,7 @@ class _EngineCollector(Collector):
             ("kv_cache_bytes", s["kv_cache_bytes"], "Bytes of the KV cache"),
             ("kv_tier_blocks", s["kv_tier_blocks"], "KV blocks kept in the disk tier"),
             ("kv_tier_bytes", s["kv_tier_bytes"], "Bytes of the disk tier's files"),
+            ("warm_up_tokens", s["warm_up_tokens"], "Prompt tokens of warm-ups waiting for an idle step"),
             ("weight_bytes", s["weight_bytes"], "Bytes of resident weights (every form a backend of the plan reads)"),
             ("kv_cache_warm_sessions_4k", s["num_blocks"] * s["block_size"] / 4096,
              "4k-token sessions the KV pool holds at once"),
@@ -89,6 +96,8 @@ class Metrics:
                                registry=r)
         for reason in ("client", "deadline", "overloaded", "low_confidence"):
             self.aborted.labels(reason)
+        self.session_ids_hashed = Counter("warmpath_session_ids_hashed", "Requests whose session id was longer "
+                                          "than --max-session-id-chars: kept as its hash", registry=r)
         self.scope_cuts = Counter("warmpath_completion_scope_cuts", "Fill-in-the-middle answers ended by the "
                                   "completion scope, by rule (api/scope.py)", ["rule"], registry=r)
         for rule in ("line", "suffix", "dedent", "statement", "repeat", "gap", "body"):  # api/scope.py RULES

@@ -85,6 +85,7 @@ class EngineRequest:
     deadline: float | None = None
     cache_salt: str | None = None  # shares prefix-cache blocks only with requests of the same salt (None included)
     prompt_deadline: float | None = None
+    tenant: str | None = None  # whose it is (server/tenancy.py), for the bounds kept per tenant (engine/warmups.py)
 
 
 def expiry(deadline: float | None, prompt_deadline: float | None, generated: bool) -> float | None:
@@ -128,6 +129,7 @@ class Request:
     deadline: float | None = None  # time.monotonic() past which the request is finished with DEADLINE
     cache_salt: str | None = None  # mixed into its first block's hash: shares cached blocks only within a salt
     prompt_deadline: float | None = None  # no output by then: finished with DEADLINE (EngineRequest)
+    tenant: str | None = None  # EngineRequest.tenant: its warm-up counts against this tenant's bound
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output, when params.logprobs is set

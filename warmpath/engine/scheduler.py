@@ -16,6 +16,7 @@ from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.kv_tier import KVTier, held_in_a_row
 from warmpath.engine.request import FinishReason, Request, RequestMetrics, RequestStatus, SamplingParams
 from warmpath.engine.step_plan import ScheduledChunk, SchedulerOutput, SchedulerStats
+from warmpath.engine.warmups import WarmUps
 
 log = logging.getLogger(__name__)
 ACTIVE_S = 5.0  # a session that sent a request this recently is still typing (bursts: a request every ~1-2 s)
@@ -28,7 +29,7 @@ class Scheduler:
         self.pool = pool
         self.block_size = pool.block_size
         self.waiting: deque[Request] = deque()
-        self.warming: deque[Request] = deque()  # warm-ups not yet admitted (expire()): after everyone else
+        self.warming = WarmUps(config.warm_up_tokens_per_tenant, config.warm_up_tokens)  # not admitted yet, bounded
         self.running: list[Request] = []  # in admission order: the last one is preempted first
         self.stats = SchedulerStats()
         self.clock = time.monotonic
@@ -51,8 +52,7 @@ class Scheduler:
     # -- requests in and out -------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         self.waiting.append(req)
-        for w in [r for r in (*self.warming, *self.running) if r.warmup and r.session_id == req.session_id]:
-            self.finish(w, FinishReason.ABORT)  # what it computed stays cached for this one
+        self._end_warm_up(req.session_id)  # what it computed stays cached for this one
         req.block_hashes = self.note_arrival(req.session_id, req.prompt_token_ids, req.cache_salt)
 
     def note_arrival(self, session_id: str | None, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
@@ -91,11 +91,11 @@ class Scheduler:
         prompt leaves a warm-up behind (warm_up()) until the session's next request comes."""
         full = len(req.prompt_token_ids) // self.block_size * self.block_size
         if not req.warmup and not req.output_token_ids and req.num_computed_tokens < full - 1:
-            self.warm_up(req.request_id, req.prompt_token_ids, req.session_id, req.cache_salt)
+            self.warm_up(req.request_id, req.prompt_token_ids, req.session_id, req.cache_salt, req.tenant)
         self.finish(req, reason)
 
     def warm_up(self, request_id: str, prompt_token_ids: list[int], session_id: str | None,
-                cache_salt: str | None = None) -> None:
+                cache_salt: str | None = None, tenant: str | None = None) -> None:
         """Compute a session's prompt's full blocks at the lowest priority, reported to nobody and never counted in
         the cache statistics, for its next keystroke: a request left mid-prompt (expire()) or refused unrun (the
         server). The session's next request (or warm-up) ends it; one already in computes it itself."""
@@ -104,12 +104,17 @@ class Scheduler:
                     for r in (*self.waiting, *self.running))
         if not self.config.warm_late_prompts or session_id is None or full == 0 or newer:
             return
-        for w in [r for r in (*self.warming, *self.running) if r.warmup and r.session_id == session_id]:
+        self._end_warm_up(session_id)
+        for dropped in self.warming.add(Request(f"{request_id}/warm", list(prompt_token_ids[:full]),
+                                                SamplingParams(max_tokens=1, temperature=0), frozenset(), 1, None,
+                                                RequestMetrics(arrival_time=time.perf_counter()), session_id,
+                                                cache_salt=cache_salt, tenant=tenant, warmup=True)):
+            self.finish(dropped, FinishReason.ABORT)  # over a bound (WarmUps): it never computes
+
+    def _end_warm_up(self, session_id: str | None) -> None:
+        queued = self.warming.of_session(session_id)
+        for w in [r for r in self.running if r.warmup and r.session_id == session_id] + ([queued] if queued else []):
             self.finish(w, FinishReason.ABORT)
-        self.warming.append(Request(f"{request_id}/warm", list(prompt_token_ids[:full]),
-                                    SamplingParams(max_tokens=1, temperature=0), frozenset(), 1, None,
-                                    RequestMetrics(arrival_time=time.perf_counter()), session_id,
-                                    cache_salt=cache_salt, warmup=True))
 
     def abort(self, req: Request) -> None:
         """The client gave up on req: late (past its deadline), or stale (its developer typed again, or the editor's
@@ -127,9 +132,7 @@ class Scheduler:
                 queue.remove(req)
                 break
         self._release(req)
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
-        req.error = error
+        req.status, req.finish_reason, req.error = RequestStatus.FINISHED, reason, error
         req.metrics.finish_time = time.perf_counter()
         if reason == FinishReason.ABORT:
             self.stats.num_aborted += 1
@@ -138,9 +141,7 @@ class Scheduler:
 
     def _release(self, req: Request) -> None:
         self.pool.free(req.block_ids)
-        req.block_ids = []
-        req.num_computed_tokens = 0
-        req.num_registered_blocks = 0
+        req.block_ids, req.num_computed_tokens, req.num_registered_blocks = [], 0, 0
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -278,7 +279,7 @@ class Scheduler:
                     self.stats.num_preemptions, len(self.running), len(self.waiting), self.pool.num_free,
                     self.pool.num_blocks)
 
-    def _admit(self, req: Request, budget: int, out: SchedulerOutput, queue: deque[Request] | None = None) -> bool:
+    def _admit(self, req: Request, budget: int, out: SchedulerOutput, queue: WarmUps | None = None) -> bool:
         tokens = req.all_token_ids
         req.block_hashes = self.pool.hashes(tokens, req.block_hashes, req.cache_salt)
         # At least the last token is always computed: its logits give the next token.

@@ -20,7 +20,8 @@ from warmpath.api.protocol import ApiError
 from warmpath.config import RouterConfig
 from warmpath.router.nodes import Node, base_url
 from warmpath.router.policies import RouteKey
-from warmpath.router.proxy import EDITOR_WIRES, Proxy
+from warmpath.router.proxy import Proxy
+from warmpath.router.reading import EDITOR_WIRES
 
 log = logging.getLogger(__name__)
 routes = APIRouter()

@@ -16,7 +16,7 @@ from warmpath.api.credentials import TENANT_HEADER, authorization, tenant_of
 
 def forward_headers(headers, session: str | None, deadline: float | None, upstream_auth: str | None
                     ) -> dict[str, bytes]:
-    """`headers`: the client's request's; `session`: its routing key (proxy.Routed); `deadline`: monotonic;
+    """`headers`: the client's request's; `session`: its routing key (reading.Routed); `deadline`: monotonic;
     `upstream_auth`: the router's own Authorization for the nodes, if it has one."""
     # Values as bytes: a header is passed on byte for byte, whatever it holds (Starlette decoded latin-1).
     h = {"Content-Type": b"application/json"}

@@ -56,6 +56,8 @@ class RouterMetrics:
                                 "of the fleet (deadline, node lost mid-stream, no node)", ["reason"], registry=r)
         self.tiers = Counter("warmpath_router_tier_requests", "Requests by model tier", ["tier", "kind"],
                              registry=r)
+        self.session_ids_hashed = Counter("warmpath_router_session_ids_hashed", "Requests whose session id was "
+                                          "longer than --max-session-id-chars: kept as its hash", registry=r)
         r.register(_NodeCollector(nodes))
 
     def render(self) -> bytes:

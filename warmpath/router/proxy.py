@@ -14,22 +14,20 @@ the upstream stream (the node aborts).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from warmpath.api import infill, mistral, ollama, tabby
+from warmpath.api import mistral, ollama, tabby
 from warmpath.api import responses as wire
-from warmpath.api.asgi import ClientGone, parse_deadline, session_key, unless_disconnected
+from warmpath.api.asgi import ClientGone, unless_disconnected
 from warmpath.api.credentials import authorization
 from warmpath.api.fill import Fill, Outcome
-from warmpath.api.protocol import ApiError, content_text, error_body
+from warmpath.api.protocol import error_body
 from warmpath.api.scope import SCOPES
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
@@ -37,6 +35,7 @@ from warmpath.router.forward import forward_headers
 from warmpath.router.metrics import RouterMetrics
 from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
+from warmpath.router.reading import Routed, read_request
 from warmpath.router.sessions import SessionLog
 from warmpath.router.tiering import LINE, completion_kind
 from warmpath.router.translate import Collected, Translation, upstream_message
@@ -45,78 +44,8 @@ from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the chosen node, then one failover
-# The editor protocols, by path: each body read as its Fill (api/fill.py), answered in its own shapes. Tabby's
-# shares /v1/completions with OpenAI's: told apart by the body (editor_wire).
-EDITOR_WIRES = {path: w for w in (infill, ollama, mistral) for path in w.PATHS}
 CACHEABLE = {mistral, tabby}  # answers cache.complete_answer can judge (llama.cpp's and Ollama's are never stored)
 STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
-
-
-@dataclass
-class Routed:
-    """What the router learned from a request: its body (None if not a JSON object), routing key, deadline."""
-
-    path: str
-    raw: bytes
-    body: dict | None
-    session: str | None
-    prompt: str
-    kind: str  # "completion" | "chat"
-    stream: bool
-    deadline: float | None  # monotonic
-    key: str | None = None  # the response-cache key, for a deterministic request
-    wire: object = None  # an editor protocol's module (EDITOR_WIRES), None for OpenAI's
-    fill: Fill | None = None  # its body as a Fill, when it parsed (else the node answers the 400)
-
-    @property
-    def model(self):
-        return (self.body or {}).get("model")
-
-
-def editor_wire(path: str, body: dict | None):
-    """The editor protocol a request speaks (its api/ module), None for OpenAI's."""
-    if path == "/v1/completions":
-        return tabby if tabby.speaks(body) else None
-    return EDITOR_WIRES.get(path)
-
-
-def read_request(path: str, raw: bytes, headers) -> Routed:
-    """ApiError (400) for a bad X-Deadline-Ms, with the node's own message."""
-    deadline = parse_deadline(headers, time.monotonic())
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep: the node answers the 400
-        body = None
-    if not isinstance(body, dict):
-        body = None
-    b = body or {}
-    editor = editor_wire(path, body)
-    if editor is not None:
-        try:
-            fill = editor.parse(raw)
-        except ApiError:
-            fill = None
-        return Routed(path, raw, body, session_key(headers, fill.user if fill else None),
-                      fill.routing_text() if fill else "", "fill", bool(fill and fill.stream), deadline, None,
-                      editor, fill)
-    if path.endswith("/chat/completions"):
-        kind = "chat"
-        prompt = "".join(f"{m.get('role')}\x1f{content_text(m.get('content'))}\x1e"
-                         for m in b.get("messages") or [] if isinstance(m, dict))
-    else:
-        kind = "completion"
-        prompt = b.get("prompt", "")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, list):
-            prompt = ",".join(str(t) for t in prompt)
-        prompt = prompt if isinstance(prompt, str) else ""
-        extra = b.get("extra")  # repository context goes before the prompt, sorted, as the server renders it
-        if isinstance(extra, list) and prompt:
-            files = sorted({f"{e.get('filename')}\x1f{e.get('text')}\x1e" for e in extra if isinstance(e, dict)})
-            prompt = "".join(files) + prompt
-    return Routed(path, raw, body, session_key(headers, b.get("user")), prompt, kind, b.get("stream") is True,
-                  deadline)
 
 
 class _Failed(Exception):
@@ -189,7 +118,9 @@ class Proxy:
 
     # -- one request --------------------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response | dict:
-        routed = read_request(path, await request.body(), request.headers)
+        routed = read_request(path, await request.body(), request.headers, self.config.max_session_id_chars)
+        if routed.session_hashed:  # kept as its hash (api/asgi.py session_key)
+            self.metrics.session_ids_hashed.inc()
         tier = self.tiers[0]
         if len(self.tiers) > 1:
             body = routed.body or {}

@@ -28,7 +28,7 @@ STREAMED = {"stream": True, "stream_options": {"include_usage": True}}
 
 def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, bytes, Translation | Collected | Scoped
                                                                           | None]:
-    """(path, body, conversion) of one attempt of `routed` (proxy.Routed) on `node` (nodes.Node): an editor
+    """(path, body, conversion) of one attempt of `routed` (reading.Routed) on `node` (nodes.Node): an editor
     protocol the node's engine does not speak goes as an OpenAI request, translated back on its way out; a whole
     answer from an engine that aborts only streams is streamed and collected; a fill-in-the-middle answer from an
     engine with no completion scope is streamed and cut. `scope`: the router's default completion scope."""

@@ -67,7 +67,8 @@ class Frontend:
 
     def tenancy(self, body: SamplingFields, request: Request) -> Tenancy:
         """The request's prefix-cache salt and session, scoped by its tenant (tenancy.py)."""
-        return tenancy(request.headers, body.user, body.cache_salt, self.config.cache_isolation)
+        return tenancy(request.headers, body.user, body.cache_salt, self.config.cache_isolation,
+                       self.config.max_session_id_chars)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.accepted_names:

@@ -151,8 +151,10 @@ class Jobs:
                                     logprobs=body.num_logprobs)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+        if tenancy.session_hashed:
+            self.metrics.session_ids_hashed.inc()
         request = EngineRequest(new_id(kind[:4]), prompt_ids, params, tenancy.session,
-                                parse_deadline(headers, received), tenancy.salt)
+                                parse_deadline(headers, received), tenancy.salt, tenant=tenancy.tenant)
         return Job(request, kind, body.stop or [], received, num_tier=None if self.engine.tier is None else 0,
                    logprobs_asked=body.num_logprobs is not None)
 
