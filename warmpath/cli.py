@@ -77,8 +77,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + f"; speculative decoding: {cfg.speculative_method}", flush=True)
     if engine.tier is not None:
         disk, per_4k = engine.tier.tier, m.kv_bytes_per_token(engine.kv_dtype_name) * 4096
-        print(f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} of {disk.max_bytes / 2**20:.0f} MiB used "
-              f"(~{disk.max_bytes / per_4k:.0f} warm 4k-token sessions on disk)", flush=True)
+        print(f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} MiB of this key's; {disk.max_bytes / 2**20:.0f} "
+              f"MiB over all of {disk.root.root} (~{disk.max_bytes / per_4k:.0f} warm 4k-token sessions on disk)",
+              flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     serving.run(app, server, args.log_level)  # under the config's connection limits

@@ -83,7 +83,12 @@ class EngineConfig:
     # A disk tier for the KV cache (engine/kv_tier.py): every cached prefix block is also written here, so one
     # evicted from RAM, or lost to a restart, is read back instead of computed. Off when unset.
     kv_offload_dir: str | None = None
-    kv_offload_bytes: str = "4GiB"  # the disk tier's bound; the least recently used blocks are deleted first
+    # The disk tier's bound over its whole directory (every key's blocks: other models, plans and code versions,
+    # other servers on it): blocks of keys no server uses go first, then the least recently used.
+    kv_offload_bytes: str = "4GiB"
+    # Blocks waiting for the tier's writer hold at most this much RAM; past it a block is not kept on disk (a slow
+    # disk costs the tier, never the step: warmpath_kv_tier_dropped_blocks).
+    kv_offload_queue_bytes: str = "256MiB"
     max_model_len: int | None = None  # the longest prompt + answer, in tokens; default: the model's context length
     # The scheduler's knobs, explained in SchedulerConfig above.
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens  # per-step token budget (chunks + decodes)

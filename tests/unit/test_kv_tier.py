@@ -2,7 +2,9 @@
 instead of computed, and gives exactly the tokens a computed one gives; a damaged, truncated or foreign file is
 recomputed, never used; one tenant's blocks never serve another; a full disk only costs the tier."""
 
+import contextlib
 import errno
+import fcntl
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,122 @@ def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_l
     again = make(tiny_long_dir, tmp_path)
     assert run(again, prompt, rid="again") == (reference, full, full)
     again.close()
+
+
+@pytest.fixture(scope="module")
+def block_bytes(tiny_long_dir) -> int:
+    """A KV block's payload in the tier for the tiny model (fp32)."""
+    e = make(tiny_long_dir, None, num_kv_blocks=4)
+    return e.model_config.kv_bytes_per_token(e.kv_dtype_name) * e.config.block_size
+
+
+@contextlib.contextmanager
+def root_held(root: Path):
+    """The tier root's lock, held as another server's writer holds it (while it writes or makes room)."""
+    with open(root / ".lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def test_a_disk_that_cannot_keep_up_drops_blocks_never_the_step(tiny_long_dir, tmp_path, prompt, reference,
+                                                                 block_bytes):
+    """The tier's writer stalled (on the root's lock, held here as another server would): the engine serves on,
+    blocks wait up to kv_offload_queue_bytes, the rest are not kept (counted), and RAM never holds more; once the
+    writer can write, what waited is on disk."""
+    engine = make(tiny_long_dir, tmp_path, kv_offload_queue_bytes=str(3 * block_bytes))
+    with root_held(tmp_path):
+        assert run(engine, prompt) == (reference, 0, 0)  # the step never waited for the disk
+        cached = (len(prompt) + GREEDY.max_tokens - 1) // 16
+        stats = engine.stats()
+        assert stats["kv_tier_queued_bytes"] == 3 * block_bytes
+        assert stats["kv_tier_dropped"] == cached - 3 and kept_files(tmp_path) == []
+    engine.tier.tier.flush()
+    assert len(kept_files(tmp_path)) == 3 and engine.stats()["kv_tier_queued_bytes"] == 0
+    engine.close()
+
+
+def root_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.glob("*/*.kv"))
+
+
+def block(i: int) -> tuple[bytes, tuple[int, ...], bytes]:
+    return bytes([i]) * 32, (i,) * 16, bytes(1000)
+
+
+SIZE = 1241  # one such block's file: header, 16 token ids, payload
+
+
+def test_servers_on_one_root_keep_it_within_the_bound_and_a_stale_key_goes_first(tmp_path):
+    """Two servers with different keys (another model, plan or code version) on one tier directory, beside the
+    directory of a key nobody serves any more: the whole root stays within the bound, the stale directory is
+    emptied first and removed, then the least recently used blocks go whoever wrote them; a block another server
+    deleted is recomputed, never taken for a damaged one."""
+    old = DiskTier(tmp_path, "old", max_bytes=6 * SIZE)
+    for i in range(100, 103):
+        old.put(*block(i))
+    old.close()  # its server is gone: the key is stale
+    a, b = DiskTier(tmp_path, "a", max_bytes=6 * SIZE), DiskTier(tmp_path, "b", max_bytes=6 * SIZE)
+    for i in range(8):
+        for tier, j in ((a, i), (b, 50 + i)):
+            tier.put(*block(j))
+            tier.flush()
+            assert root_bytes(tmp_path) <= 6 * SIZE
+    assert not (tmp_path / "old").exists() and a.root.stale_keys_pruned + b.root.stale_keys_pruned == 1
+    assert sorted(p.stem[:2] for p in kept_files(tmp_path)) == ["05", "06", "07", "37", "38", "39"]  # the newest
+    for i in range(8, 11):  # a alone writes on: the oldest blocks go, b's among them
+        a.put(*block(i))
+        a.flush()
+    assert root_bytes(tmp_path) <= 6 * SIZE
+    assert sorted(p.stem[:2] for p in kept_files(tmp_path)) == ["07", "08", "09", "0a", "38", "39"]
+    assert b.has(block(55)[0])  # b kept it; a deleted it
+    for tier, gone in ((a, range(0, 7)), (b, range(50, 56))):  # a miss, never a damaged file
+        assert all(tier.read(*block(i)[:2], 1000) is None for i in gone) and tier.stats.blocks_rejected == 0
+    assert not b.has(block(55)[0])
+    a.close()
+    b.close()
+
+
+def test_two_servers_on_one_key_count_each_file_once(tmp_path):
+    a, b = DiskTier(tmp_path, "k", max_bytes=6 * SIZE), DiskTier(tmp_path, "k", max_bytes=6 * SIZE)
+    for i in range(5):
+        for tier in (a, b):  # the same blocks from both (replicas of one model), then their own
+            tier.put(*block(i))
+            tier.flush()
+        a.put(*block(20 + i))
+        b.put(*block(40 + i))
+        a.flush()
+        b.flush()
+        assert root_bytes(tmp_path) <= 6 * SIZE
+    assert len(kept_files(tmp_path)) == 6 and a.stats.blocks_rejected == b.stats.blocks_rejected == 0
+    a.close()
+    b.close()
+
+
+def test_the_root_is_private_and_a_stale_keys_temporary_files_go_only_once_no_write_can_be_making_them(tmp_path):
+    """The lock and the in-use marks are 0600 in 0700 directories; a key directory no server holds goes with a
+    crash's leftover temporary file (store.atomic_file's name, older than STALE_TMP_S), never with a fresh one (a
+    write under way, an older warmpath's without the in-use mark)."""
+    import os
+    import stat
+    import time
+
+    name = ".{}.kv.x1y2z3ab.tmp".format("ab" * 32)
+    for key, age in (("crashed", 2 * kv_tier.STALE_TMP_S), ("writing", 1.0)):
+        (tmp_path / key).mkdir(mode=0o700)
+        (tmp_path / key / ".in-use").touch()
+        (tmp_path / key / name).write_bytes(b"part of a block")
+        then = time.time() - age
+        os.utime(tmp_path / key / name, (then, then))
+    tier = DiskTier(tmp_path, "live", max_bytes=6 * SIZE)
+    tier.put(*block(1))
+    tier.flush()
+    assert not (tmp_path / "crashed").exists() and tier.root.stale_keys_pruned == 1
+    assert (tmp_path / "writing" / name).exists() and (tmp_path / "writing" / ".in-use").exists()
+    for p in (tmp_path / ".lock", tmp_path / "live" / ".in-use", *kept_files(tmp_path)):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    for d in (tmp_path, tmp_path / "live"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    tier.close()

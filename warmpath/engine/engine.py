@@ -102,7 +102,9 @@ class Engine:
             gemv = [] if config.gemv_dtype == "none" else [f"gemv {config.gemv_dtype}"]
             computed_by = self.plan.backends + gemv  # what a block's numbers depend on
             key = tier_key(self.source, computed_by, self.kv_dtype, config.block_size, self.model_config)
-            self.tier = KVOffload(DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes)), kv)
+            disk = DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes),
+                            parse_bytes(config.kv_offload_queue_bytes))
+            self.tier = KVOffload(disk, kv)
             self.pool.on_cached, self.scheduler.tier = self.tier.save, self.tier
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
@@ -349,6 +351,10 @@ class Engine:
             "kv_tier_bytes": disk.num_bytes if disk else 0,
             "kv_tier_rejected": disk.stats.blocks_rejected if disk else 0,
             "kv_tier_write_errors": disk.stats.write_errors if disk else 0,
+            "kv_tier_dropped": disk.stats.blocks_dropped if disk else 0,
+            "kv_tier_evicted": disk.stats.blocks_evicted if disk else 0,
+            "kv_tier_stale_keys_pruned": disk.root.stale_keys_pruned if disk else 0,
+            "kv_tier_queued_bytes": disk.queued_bytes if disk else 0,
             "num_preemptions": s.num_preemptions,
             "num_aborted": s.num_aborted,
             "num_deadline_expired": s.num_deadline_expired,

@@ -7,7 +7,9 @@ One file per block, `<root>/<key>/<block hash>.kv`, under a key that names every
 tier_key()). The block hash already chains the request's cache salt (block_pool.py), so one tenant's blocks
 are never found by another's hashes. A file is trusted only whole: its header repeats the key, the hash and the
 block's token ids, and a checksum covers the payload; anything else (truncated, flipped, foreign) is deleted
-and recomputed. The tier is bounded in bytes: the least recently used blocks go first.
+and recomputed. The tier is bounded in bytes over its whole root, every key and every server on it (tier_root.py):
+stale keys' blocks go first, then the least recently used. Blocks waiting for the writer are bounded in bytes too: a
+block that does not fit is not kept on disk, and the step never waits for the disk.
 
 Pure Python over bytes (the simulator imports this module): kv_offload.py copies a block's tensors in and out.
 """
@@ -18,17 +20,16 @@ import contextlib
 import hashlib
 import logging
 import os
-import queue
 import struct
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from warmpath.engine.tier_root import STALE_TMP_S, TierRoot
 from warmpath.store import private_dir, write_atomic
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 MAGIC = b"WPKV\x01"
 # magic, key digest (32), block hash (32), tokens in the block, payload bytes, payload blake2b (32)
 HEADER = struct.Struct(f"<{len(MAGIC)}s32s32sIQ32s")
-STALE_TMP_S = 600.0  # a temporary file older than this is a crash's leftover, not a write in progress
 
 
 class KVTier(Protocol):
@@ -65,8 +65,9 @@ class TierStats:
     blocks_written: int = 0
     blocks_read: int = 0
     blocks_rejected: int = 0  # corrupt, truncated or foreign files: deleted, their tokens recomputed
-    blocks_evicted: int = 0
+    blocks_evicted: int = 0  # block files deleted to keep the root's bound (any key's)
     write_errors: int = 0  # e.g. a full disk: the block stays in RAM only
+    blocks_dropped: int = 0  # not kept: the write queue was full (a slow disk), or a block is larger than the bound
 
 
 def _digest(payload: bytes | memoryview) -> bytes:
@@ -74,21 +75,30 @@ def _digest(payload: bytes | memoryview) -> bytes:
 
 
 class DiskTier:
-    """Blocks on disk by hash, LRU within max_bytes. `put` queues a write; `has` and `read` see queued blocks
-    too, so a block is never missing between its caching and its write."""
+    """Blocks on disk by hash, within max_bytes over the whole root (tier_root.py). `put` queues a write (at most
+    queue_bytes of payloads wait); `has` and `read` see queued blocks too, so a block is never missing between its
+    caching and its write. Only the writer thread touches files for the bound (it alone takes the root's lock)."""
 
-    def __init__(self, root: str | Path, key: str, max_bytes: int):
+    def __init__(self, root: str | Path, key: str, max_bytes: int, queue_bytes: int = 256 << 20):
         self.dir = private_dir(private_dir(Path(root)) / key)  # a team's code, as token ids and K/V
         self.key_digest = hashlib.sha256(key.encode()).digest()
-        self.max_bytes = max_bytes
+        self.max_bytes, self.queue_bytes = max_bytes, queue_bytes
         self.stats = TierStats()
         self._lock = threading.Lock()
-        self._index: OrderedDict[bytes, int] = OrderedDict()  # hash -> file bytes, least recently used first
-        self._pending: dict[bytes, tuple[tuple[int, ...], bytes]] = {}
+        self._index: dict[bytes, int] = {}  # hash -> file bytes (this key's files this tier knows)
+        self._pending: dict[bytes, tuple[tuple[int, ...], bytes]] = {}  # the write queue, oldest first
+        self._queued = 0  # payload bytes in _pending
+        self._touched: set[bytes] = set()  # used again: their file times move (the root's LRU order)
+        self._doomed: set[bytes] = set()  # found bad on the step thread: deleted by the writer
         self._bytes = 0
-        self._writes: queue.SimpleQueue = queue.SimpleQueue()
+        self._work, self._idle, self._closing = threading.Event(), threading.Event(), False
+        self._idle.set()
         self._last_error_log = 0.0
-        self._scan()
+        self.root = TierRoot(self.dir.parent, max_bytes)
+        with self.root.locked():  # (another server's writer may be mid-write in this directory)
+            self.root.join(self.dir)
+            self._scan()
+            self.root.make_room(0, self._evicted)
         self._writer = threading.Thread(target=self._write_loop, name="warmpath-kv-tier", daemon=True)
         self._writer.start()
 
@@ -108,7 +118,6 @@ class DiskTier:
             with contextlib.suppress(OSError):
                 if time.time() - p.stat().st_mtime > STALE_TMP_S:
                     p.unlink()
-        self._shrink()
         if found:
             log.info("KV tier: %d blocks (%.0f MB) found in %s", len(self._index), self._bytes / 1e6, self.dir)
 
@@ -120,26 +129,40 @@ class DiskTier:
     def num_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued
+
     def has(self, block_hash: bytes) -> bool:
         with self._lock:
             return block_hash in self._pending or block_hash in self._index
 
     def touch(self, block_hash: bytes) -> None:
-        """A kept block was used again: the last to go."""
+        """A kept block was used again: the last to go (its file's time moves, in the writer)."""
         with self._lock:
             if block_hash in self._index:
-                self._index.move_to_end(block_hash)
+                self._touched.add(block_hash)
+                self._wake()
 
     def put(self, block_hash: bytes, token_ids: tuple[int, ...], payload: bytes) -> None:
-        """Keep a computed block (written by the writer thread); one already kept is only marked as used."""
+        """Keep a computed block (written by the writer thread); one already kept is only marked as used. Never
+        waits: with queue_bytes waiting already, the block is dropped (counted), RAM keeps it until evicted."""
+        if block_hash in self._index:
+            self.touch(block_hash)
+            return
         with self._lock:
-            if block_hash in self._index:
-                self._index.move_to_end(block_hash)
-                return
             if block_hash in self._pending:
                 return
+            if self._queued + len(payload) > self.queue_bytes:
+                self.stats.blocks_dropped += 1
+                return
             self._pending[block_hash] = (token_ids, payload)
-        self._writes.put(block_hash)
+            self._queued += len(payload)
+            self._wake()
+
+    def _wake(self) -> None:  # under self._lock
+        self._idle.clear()
+        self._work.set()
 
     def read(self, block_hash: bytes, token_ids: tuple[int, ...], nbytes: int) -> bytes | None:
         """The block's payload, verified (its key, hash, tokens, size and checksum), or None: a file that fails is
@@ -150,10 +173,12 @@ class DiskTier:
                 return pending[1] if pending[0] == token_ids and len(pending[1]) == nbytes else None
             if block_hash not in self._index:
                 return None
-            self._index.move_to_end(block_hash)
         path = self._path(block_hash)
         try:
             data = path.read_bytes()
+        except FileNotFoundError:  # deleted for the root's bound by another server: recomputed, nothing wrong
+            self._forget(path)
+            return None
         except OSError:
             data = b""
         payload = self._verify(data, block_hash, token_ids, nbytes)
@@ -165,7 +190,8 @@ class DiskTier:
             return None
         self.stats.blocks_read += 1
         try:
-            os.utime(path)  # the next start orders blocks by last use
+            t = time.time_ns()
+            os.utime(path, ns=(t, t))  # the root's least recently used order is by file time (tier_root.py)
         except OSError:
             pass
         return payload
@@ -187,19 +213,25 @@ class DiskTier:
         return self.dir / f"{block_hash.hex()}.kv"
 
     def _drop(self, block_hash: bytes) -> None:
+        """A bad file: forgotten now, deleted by the writer (only it changes the root's files)."""
         with self._lock:
             size = self._index.pop(block_hash, None)
             if size is not None:
                 self._bytes -= size
-        self._path(block_hash).unlink(missing_ok=True)
+            self._doomed.add(block_hash)
+            self._wake()
 
-    def _shrink(self) -> None:
-        while self._bytes > self.max_bytes and self._index:
+    def _forget(self, path: Path) -> None:
+        """A block file that is gone (deleted for the root's bound, by this tier or another): out of the index."""
+        if path.parent == self.dir:
             with self._lock:
-                h, size = self._index.popitem(last=False)
-                self._bytes -= size
-            self._path(h).unlink(missing_ok=True)
-            self.stats.blocks_evicted += 1
+                size = self._index.pop(bytes.fromhex(path.stem), None)
+                if size is not None:
+                    self._bytes -= size
+
+    def _evicted(self, path: Path) -> None:  # TierRoot.make_room deleted it
+        self.stats.blocks_evicted += 1
+        self._forget(path)
 
     # -- the writer thread ----------------------------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -208,42 +240,85 @@ class DiskTier:
         except (AttributeError, OSError):
             pass
         while True:
-            h = self._writes.get()
-            if h is None:
+            self._work.wait()
+            self._work.clear()
+            while self._write_some():
+                pass
+            with self._lock:
+                if not (self._pending or self._touched or self._doomed):
+                    self._idle.set()
+            if self._closing:
                 return
-            with self._lock:
-                item = self._pending.get(h)
-            if item is None:
-                continue
-            token_ids, payload = item
-            data = HEADER.pack(MAGIC, self.key_digest, h, len(token_ids), len(payload), _digest(payload)) + \
-                np.asarray(token_ids, dtype="<i8").tobytes() + payload
-            try:  # whole or absent under its name; not fsynced: a block torn by a power cut fails its checksum
-                write_atomic(self._path(h), data, durable=False)
-            except OSError as e:
-                self.stats.write_errors += 1
-                with self._lock:
-                    self._pending.pop(h, None)
-                now = time.monotonic()
-                if now - self._last_error_log > 60:
-                    self._last_error_log = now
-                    log.warning("KV tier: cannot write to %s (%s); blocks stay in RAM only, recomputed when evicted",
-                                self.dir, e)
-                continue
-            with self._lock:
-                self._pending.pop(h, None)
-                self._index[h] = len(data)
-                self._bytes += len(data)
-            self.stats.blocks_written += 1
-            self._shrink()
+
+    def _write_some(self) -> bool:
+        """The oldest queued block, with the times and deletions asked for since: under the root's lock (another
+        server holding it only delays this thread; the queue's bound keeps what waits meanwhile)."""
+        with self._lock:
+            touched, doomed, self._touched, self._doomed = self._touched, self._doomed, set(), set()
+            h = next(iter(self._pending), None)
+            item = None if h is None else self._pending[h]
+        if item is None and not touched and not doomed:
+            return False
+        with self.root.locked():
+            t = time.time_ns()
+            for used in touched:
+                try:
+                    os.utime(self._path(used), ns=(t, t))
+                except OSError:
+                    pass
+            for bad in doomed:
+                self.root.delete(self._path(bad))
+            if item is not None:
+                self._write(h, *item)
+        return True
+
+    def _write(self, h: bytes, token_ids: tuple[int, ...], payload: bytes) -> None:
+        data = HEADER.pack(MAGIC, self.key_digest, h, len(token_ids), len(payload), _digest(payload)) + \
+            np.asarray(token_ids, dtype="<i8").tobytes() + payload
+        path = self._path(h)
+        try:
+            old = path.stat().st_size  # another server on this key wrote it: replaced, counted once
+        except OSError:
+            old = 0
+        if not self.root.make_room(len(data) - old, self._evicted):  # larger than the whole bound
+            self._done(h, payload, None)
+            self.stats.blocks_dropped += 1
+            return
+        try:  # whole or absent under its name; not fsynced: a block torn by a power cut fails its checksum
+            write_atomic(path, data, durable=False)
+        except OSError as e:
+            self.stats.write_errors += 1
+            self._done(h, payload, None)
+            now = time.monotonic()
+            if now - self._last_error_log > 60:
+                self._last_error_log = now
+                log.warning("KV tier: cannot write to %s (%s); blocks stay in RAM only, recomputed when evicted",
+                            self.dir, e)
+            return
+        self.root.grow(len(data) - old)
+        with contextlib.suppress(OSError):  # to the nanosecond: the root's LRU order (a file system's own is coarse)
+            t = time.time_ns()
+            os.utime(path, ns=(t, t))
+        self._done(h, payload, len(data))
+        self.stats.blocks_written += 1
+
+    def _done(self, h: bytes, payload: bytes, size: int | None) -> None:
+        """Out of the queue; into the index when written (at once: has() never misses it in between)."""
+        with self._lock:
+            self._pending.pop(h, None)
+            self._queued -= len(payload)
+            if size is not None:
+                self._index[h] = size
+                self._bytes += size
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued block is on disk (tests, shutdown)."""
-        deadline = time.monotonic() + timeout
-        while self._pending and time.monotonic() < deadline:
-            time.sleep(0.005)
+        self._idle.wait(timeout)
 
     def close(self) -> None:
         self.flush()
-        self._writes.put(None)
+        self._closing = True
+        self._work.set()
         self._writer.join(timeout=10)
+        if not self._writer.is_alive():
+            self.root.close()

@@ -35,6 +35,12 @@ class _EngineCollector(Collector):
              "deleted, their tokens recomputed"),
             ("kv_tier_write_errors", "kv_tier_write_errors", "KV tier blocks that could not be written (a full "
              "disk): kept in RAM only"),
+            ("kv_tier_dropped_blocks", "kv_tier_dropped", "KV tier blocks not kept: the write queue was full "
+             "(--kv-offload-queue-bytes; a slow disk)"),
+            ("kv_tier_evicted_blocks", "kv_tier_evicted", "KV tier block files deleted to keep the tier directory "
+             "within --kv-offload-bytes (any key's, any server's)"),
+            ("kv_tier_stale_keys_pruned", "kv_tier_stale_keys_pruned", "KV tier key directories no server used "
+             "(an old model, plan or code version), removed to make room"),
             ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
             ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),
             ("computed_tokens", "num_computed_tokens", "Tokens run through the model"),
@@ -64,6 +70,7 @@ class _EngineCollector(Collector):
             ("kv_cache_bytes", s["kv_cache_bytes"], "Bytes of the KV cache"),
             ("kv_tier_blocks", s["kv_tier_blocks"], "KV blocks kept in the disk tier"),
             ("kv_tier_bytes", s["kv_tier_bytes"], "Bytes of the disk tier's files"),
+            ("kv_tier_queued_bytes", s["kv_tier_queued_bytes"], "Bytes of KV blocks waiting for the tier's writer"),
             ("warm_up_tokens", s["warm_up_tokens"], "Prompt tokens of warm-ups waiting for an idle step"),
             ("weight_bytes", s["weight_bytes"], "Bytes of resident weights (every form a backend of the plan reads)"),
             ("kv_cache_warm_sessions_4k", s["num_blocks"] * s["block_size"] / 4096,
