@@ -5,11 +5,12 @@ the FIM prompt the router renders for an engine that rejects `suffix`."""
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from warmpath.router.engines import ENGINES, NodeLoad, detect, read_load, split_spec
 from warmpath.router.hashing import HashRing
-from warmpath.router.nodes import Node, read_nodes_file
+from warmpath.router.nodes import Node, NodeSet, read_nodes_file
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.scorer import node_load
 from warmpath.router.upstream import request_body
@@ -121,6 +122,58 @@ def test_a_membership_change_moves_only_the_changed_nodes_keys():
     assert all(left[k] == joined[k] for k in keys if joined[k] != NODES[1])
     assert NODES[1] not in left.values() and NODES[1] not in router.index
     router.forget(NODES[1])  # it fails its health checks while its last requests end: nothing to forget
+
+
+def test_a_nodes_prefix_index_survives_a_short_absence():
+    """A node out of the pool for a moment (a nodes file edited twice, drained out and back) comes back with the
+    prefixes it holds still indexed; one away for longer, or restarted meanwhile (forget()), comes back empty."""
+    from warmpath.router import policies
+
+    router, now = Router(NODES, "prefix"), [0.0]
+    router.clock = lambda: now[0]
+    prompt = "def f(x):\n    return x\n" * 40
+    home = router.choose(RouteKey(None, prompt), NODES, {}).nodes[0]
+    others = [n for n in NODES if n != home]
+    router.set_nodes(others)
+    now[0] = 10.0
+    router.set_nodes(NODES)
+    again = router.choose(RouteKey(None, prompt), NODES, {})
+    assert (again.nodes[0], again.decision) == (home, "prefix_match")
+    router.set_nodes(others)
+    now[0] += policies.DEPARTED_S + 1
+    router.set_nodes(NODES)
+    assert router.choose(RouteKey(None, prompt), [home], {}).decision == "least_load"  # its index is new
+    router.set_nodes(others)
+    router.forget(home)
+    router.set_nodes(NODES)
+    assert router.choose(RouteKey(None, prompt), [home], {}).decision == "least_load"
+
+
+def test_a_nodes_file_rewritten_in_steps_keeps_the_pool_throughout(tmp_path):
+    """An editor saves by truncating, then writing (or a line at a time): no read in between changes the pool. A
+    change applies once two reads in a row (a health interval apart) find it; an emptied file keeps the pool."""
+    f, a, b, c = tmp_path / "nodes", "http://a:8000", "http://b:8000", "http://c:8000"
+    f.write_text(f"{a}\n{b}\n")
+    changes = []
+    nodes = NodeSet(read_nodes_file(str(f)), httpx.AsyncClient(), nodes_file=str(f), on_members=changes.append)
+
+    def pool() -> set[str]:
+        return {u for u, n in nodes.nodes.items() if not n.removed}
+
+    for text in ("", f"{a}\n", f"{a}\n{b}\n", f"{a}\n{b}\n"):  # truncated, half written, whole; read again
+        with open(f, "w") as out:
+            out.write(text)
+        nodes.reload()
+        assert pool() == {a, b}
+    f.write_text("# everyone is gone?\n")  # and left so: still no empty pool
+    nodes.reload()
+    nodes.reload()
+    assert pool() == {a, b} and changes == []
+    f.write_text(f"{a}\n{c}\n")  # a real change: at its second read
+    nodes.reload()
+    assert pool() == {a, b}
+    nodes.reload()
+    assert pool() == {a, c} and changes == [[a, c]]
 
 
 def test_the_nodes_file(tmp_path):

@@ -6,15 +6,16 @@ A node is *available* for new requests when it is healthy and not draining. It t
 `health_failures` failed `/health` checks in a row, or at once when it refuses a connection; it becomes
 healthy again at the first check that passes. Draining stops new requests while its streams finish. A node
 that turns unhealthy ends its requests in flight: those that sent nothing to the client yet fail over, the
-streams already started end with the error event.
+streams already started end with the error event. A change of the nodes file applies once it is stable and parses,
+and never empties the pool (NodesFileState).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -90,17 +91,21 @@ def new_node(spec: str, tier: str = "default", draining: bool = False) -> Node:
 
 def read_nodes_file(path: str) -> list[Node]:
     """One node a line: `[ENGINE=]URL [drain]`, `#` comments. ValueError for a line that says something else."""
-    nodes = []
     with open(path) as f:
-        for number, line in enumerate(f, 1):
-            words = line.split("#")[0].split()
-            if not words:
-                continue
-            if len(words) > 2 or (len(words) == 2 and words[1] != "drain"):
-                raise ValueError(f"{path}:{number}: want `[ENGINE=]URL [drain]`, got {line.strip()!r}")
-            node = new_node(words[0], draining=len(words) == 2)
-            node.from_file = True
-            nodes.append(node)
+        return parse_nodes_text(f.read(), path)
+
+
+def parse_nodes_text(text: str, path: str) -> list[Node]:
+    nodes = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        if len(words) > 2 or (len(words) == 2 and words[1] != "drain"):
+            raise ValueError(f"{path}:{number}: want `[ENGINE=]URL [drain]`, got {line.strip()!r}")
+        node = new_node(words[0], draining=len(words) == 2)
+        node.from_file = True
+        nodes.append(node)
     return nodes
 
 
@@ -118,7 +123,8 @@ class NodeSet:
         self.headers = headers or {}
         self.on_unhealthy = on_unhealthy  # called with a node that left (its cache is gone or unreachable)
         self.on_members = on_members  # called with the pool's node URLs when the nodes file changed them
-        self.nodes_file, self._file_stamp = nodes_file, _stamp(nodes_file)
+        self.nodes_file = nodes_file
+        self._file = NodesFileState(_read(nodes_file))  # what the pool was built from: the first read applied
         self._task: asyncio.Task | None = None
 
     def available(self, tier: str | None = None) -> list[str]:
@@ -129,17 +135,19 @@ class NodeSet:
 
     # -- membership ---------------------------------------------------------------------------------------------
     def reload(self) -> bool:
-        """Read the nodes file again if it changed: new nodes join (once healthy), removed ones take no new
-        requests and are dropped when their last request ends, `drain` is applied. A file that does not parse
-        or is gone changes nothing. True when the pool's members changed."""
-        stamp = _stamp(self.nodes_file)
-        if stamp == self._file_stamp:
+        """Read the nodes file again; a change applies once it is stable and parses (NodesFileState): new nodes join
+        (once healthy), removed ones take no new requests and are dropped when their last request ends, `drain` is
+        applied. True when the pool's members changed."""
+        text = _read(self.nodes_file)
+        if not self._file.settled(text):
             return False
-        self._file_stamp = stamp
-        try:  # a file that is gone changes nothing either (an emptied one removes every node it listed)
-            listed = {n.url: n for n in read_nodes_file(self.nodes_file)}
-        except (OSError, ValueError) as e:
+        try:
+            listed = {n.url: n for n in parse_nodes_text(text, self.nodes_file)}
+        except ValueError as e:
             log.error("nodes file not reloaded: %s", e)
+            return False
+        if not listed:  # an editor's truncation, or a slip: a router needs nodes, and the index is theirs
+            log.error("nodes file %s lists no node: the pool is kept as it is", self.nodes_file)
             return False
         pool = {u for u, n in self.nodes.items() if n.from_file and not n.removed}
         for url, node in listed.items():
@@ -245,10 +253,29 @@ class NodeSet:
         await asyncio.gather(*(one(n) for n in list(self.nodes.values())))
 
 
-def _stamp(path: str | None) -> tuple[float, int] | None:
-    """What tells a changed nodes file: its modification time and size (None: no such file)."""
+@dataclass
+class NodesFileState:
+    """When a read of the nodes file may change the pool: an editor rewrites a file in steps (truncate, then write;
+    or a line at a time), and a read in between sees a file nobody meant. So a content applies only once two
+    reads in a row (a health interval apart) found it, and differs from the one applied; each is judged once."""
+
+    applied: str | None  # the content the pool follows (None: unreadable)
+    seen: str | None = None  # the last read's content, while it waits for a second read
+
+    def settled(self, text: str | None) -> bool:
+        """Whether this read's content should be applied now."""
+        if text is None or text == self.applied:  # gone or unreadable (kept as it is), or what we follow
+            self.seen = None
+            return False
+        if text != self.seen:
+            self.seen = text  # changing, or new: wait for the next read
+            return False
+        self.applied, self.seen = text, None
+        return True
+
+
+def _read(path: str | None) -> str | None:
     try:
-        st = os.stat(path) if path else None
-    except OSError:
+        return None if path is None else Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
         return None
-    return (st.st_mtime, st.st_size) if st else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field
 from warmpath.router.hashing import HashRing, bounded_order, load_cap
 
 POLICIES = ("round-robin", "least-load", "session", "prefix", "hybrid")
+# A node gone from the pool keeps its prefix index this long: one back soon (a nodes file edited twice, a node
+# drained out and in) still holds what it held. A node that restarts meanwhile fails its checks (forget()).
+DEPARTED_S = 60.0
 
 
 @dataclass
@@ -88,15 +92,22 @@ class Router:
         self.virtual_nodes, self.index_blocks = virtual_nodes, index_blocks
         self.nodes: list[str] = []
         self.index: dict[str, PrefixIndex] = {}
+        self.departed: dict[str, tuple[float, PrefixIndex]] = {}  # node -> (when it left, its index)
+        self.clock = time.monotonic
         self.set_nodes(nodes)
         self._turn = itertools.count()
 
     def set_nodes(self, nodes: list[str]) -> None:
         """The pool's members (a nodes file changed): the ring is rebuilt from the names, so only the keys of a
-        node that came or went move; the prefix index of every node that stays is kept."""
+        node that came or went move; the prefix index of every node that stays is kept, and of one that left it is
+        kept DEPARTED_S for its return."""
+        now = self.clock()
+        self.departed = {n: d for n, d in self.departed.items() if now - d[0] < DEPARTED_S}
+        self.departed.update({n: (now, i) for n, i in self.index.items() if n not in nodes})
         self.nodes = list(nodes)
         self.ring = HashRing(self.nodes, self.virtual_nodes)
-        self.index = {n: self.index.get(n) or PrefixIndex(self.index_blocks) for n in self.nodes}
+        self.index = {n: self.index.get(n) or self.departed.pop(n, (0.0, None))[1] or PrefixIndex(self.index_blocks)
+                      for n in self.nodes}
 
     def choose(self, key: RouteKey, available: list[str], loads: Mapping[str, float]) -> Decision:
         if not available:
@@ -139,5 +150,6 @@ class Router:
 
     def forget(self, node: str) -> None:
         """A node that lost its cache (restart) no longer holds what the index says."""
-        if node in self.index:  # (one that left the pool is no longer indexed)
+        if node in self.index:
             self.index[node].clear()
+        self.departed.pop(node, None)
