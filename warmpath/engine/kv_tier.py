@@ -281,8 +281,7 @@ class DiskTier:
         except OSError:
             old = 0
         if not self.root.make_room(len(data) - old, self._evicted):  # larger than the whole bound
-            self._done(h, payload, None)
-            self.stats.blocks_dropped += 1
+            self._done(h, payload, None, dropped=True)
             return
         try:  # whole or absent under its name; not fsynced: a block torn by a power cut fails its checksum
             write_atomic(path, data, durable=False)
@@ -302,11 +301,12 @@ class DiskTier:
         self._done(h, payload, len(data))
         self.stats.blocks_written += 1
 
-    def _done(self, h: bytes, payload: bytes, size: int | None) -> None:
+    def _done(self, h: bytes, payload: bytes, size: int | None, dropped: bool = False) -> None:
         """Out of the queue; into the index when written (at once: has() never misses it in between)."""
         with self._lock:
             self._pending.pop(h, None)
             self._queued -= len(payload)
+            self.stats.blocks_dropped += dropped
             if size is not None:
                 self._index[h] = size
                 self._bytes += size
