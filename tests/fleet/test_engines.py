@@ -18,7 +18,7 @@ from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.engines import ENGINES, read_load
 from warmpath.router.hashing import HashRing
-from warmpath.router.healing import given_back
+from warmpath.router.healing import constraint, given_back
 
 KINDS = ("vllm", "llamacpp", "warmpath")
 
@@ -146,9 +146,11 @@ def test_fim_answers_of_an_engine_with_no_scope_end_where_warmpath_ends_them(fle
     prefix, suffix = "def add(a,", " b):\n    return a + b\n"  # mid-line: the rest of the line
     given = given_back(prefix)
     assert given == "a,"  # SmolLM2 has no FIM tokens: the plain prompt without it, "def add("
+    told = constraint(ENGINES[kind].start_constraint, given)  # the engine's own constraint: begin with "a,"
     raw = httpx.post(engines[kind] + "/v1/completions", json={"model": "smollm2", "prompt": prefix[:-len(given)],
-                                                              "max_tokens": 64, "temperature": 0}, timeout=120).json()
-    assert raw["choices"][0]["text"].startswith(given)
+                                                              "max_tokens": 64, "temperature": 0, **told},
+                     timeout=120).json()
+    assert raw["choices"][0]["text"].startswith(given)  # left free, SmolLM2 writes "self, value)" here
     scope = Scope(prefix, suffix)
     want = scope.feed(raw["choices"][0]["text"][len(given):])
     want += "" if scope.cut else scope.feed("", final=True)
