@@ -11,6 +11,8 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO
 
 import httpx
 import uvicorn
@@ -66,35 +68,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class ServeProcess:
+    """A `warmpath serve` subprocess on a loopback port, its output kept in a file (read when it fails)."""
+
+    url: str
+    proc: subprocess.Popen
+    log: IO[str]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_serving(self, timeout: float = 180.0) -> None:
+        """Until /health answers 200 (bounded: a fresh process imports torch and loads the model)."""
+        ready = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > ready:
+                raise RuntimeError(f"warmpath serve did not come up:\n{self.output()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def start_serve(*args: str, env: dict[str, str] | None = None) -> ServeProcess:
+    """`warmpath serve ARGS` as a user runs it, started on a free port (not waited for: servers started together
+    start at the same moment). `env`: the whole environment, for another $WARMPATH_HOME or $CC."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve",
+                             "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    return ServeProcess(f"http://127.0.0.1:{port}", proc, log)
+
+
 @contextmanager
 def serve_process(*args: str, timeout: float = 180.0):
-    """`warmpath serve ARGS` as a user runs it, in a subprocess on a free port: (url, process) once its /health
-    answers 200 (bounded: a fresh process imports torch and loads the model). Stopped on exit if still alive."""
-    port = free_port()
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve",
-                                 "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            ready = time.monotonic() + timeout
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > ready:
-                    log.seek(0)
-                    raise RuntimeError(f"warmpath serve did not come up:\n{log.read()}")
-                time.sleep(0.1)
-            yield url, proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+    """`warmpath serve ARGS` in a subprocess: (url, process) once its /health answers 200. Stopped on exit if
+    still alive."""
+    server = start_serve(*args)
+    try:
+        server.wait_serving(timeout)
+        yield server.url, server.proc
+    finally:
+        server.stop()
 
 
 def stream_then_signal(router_url: str, session: str, node: str, pid: int, sig: int) -> tuple[list[str], float]:
