@@ -100,11 +100,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def is_temporary(name: str) -> bool:
-    """A name atomic_file() writes to: left behind only by a crash."""
-    return name.startswith(".") and name.endswith(".tmp")
-
-
 def home_dir(*parts: str) -> Path:
     """A private directory under $WARMPATH_HOME, the home itself made private first."""
     return private_dir(private_dir(warmpath_home()).joinpath(*parts))
