@@ -6,6 +6,7 @@ and the answers stay the same."""
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from engine_checks import code_texts
 from safetensors.torch import load_file, save_file
 from tiny_model import write_tiny_gguf, write_tiny_hf
 
-from warmpath import LLM, EngineRequest, SamplingParams
-from warmpath.config import EngineConfig
+from warmpath import LLM, EngineRequest, SamplingParams, identity
+from warmpath.config import EngineConfig, ModelConfig
 from warmpath.engine.engine import Engine
+from warmpath.engine.kv_offload import tier_key
 from warmpath.engine.plan import single
 from warmpath.kernels import build, native
 from warmpath.store import UnsafeDirectory
@@ -159,3 +161,28 @@ def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path):
     plan.save(plans / "p.json")
     assert victim.read_text() == "untouched" and json.loads((plans / "p.json").read_text())["torch"] == "torch-fp32"
     assert stat.S_IMODE((plans / "p.json").stat().st_mode) == 0o600
+
+
+def test_every_module_that_changes_numbers_is_in_the_tiers_key(tmp_path, monkeypatch):
+    """The KV quantization, the KV cache, the GGUF dequantization and the packing change a block's numbers without
+    touching the runner: a change to any of them is a new tier key, so no block computed by the old code is read."""
+    copy = tmp_path / "warmpath"
+    for d in identity.NUMERICS:
+        shutil.copytree(identity.PACKAGE / d, copy / d, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "PACKAGE", copy)
+    model = ModelConfig("llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+                        num_kv_heads=1, head_dim=8)
+    weights = write_tiny_gguf(tmp_path / "m.gguf")[0]
+
+    def key() -> str:
+        identity.numerics_identity.cache_clear()
+        return tier_key(str(weights), ["native-int8"], torch.int8, 16, model)
+
+    before = key()
+    assert key() == before
+    for changed in ("models/kv_quant.py", "models/kv_cache.py", "models/ggml_blocks.py", "kernels/packing.py"):
+        path = copy / changed
+        path.write_text(path.read_text() + "\n# changed\n")
+        assert key() != before, changed
+        before = key()
+    identity.numerics_identity.cache_clear()
