@@ -21,6 +21,9 @@ from server_harness import (
     total,
     wait_for_step,
 )
+from server_harness import (
+    running_router as router,
+)
 from test_server import BAD
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
@@ -33,13 +36,6 @@ def fleet(server_config):
     with contextlib.ExitStack() as stack:
         nodes = [stack.enter_context(running_server(server_config)) for _ in range(3)]
         yield {url: app for url, app in nodes}
-
-
-@contextlib.contextmanager
-def router(urls, **kwargs):
-    cfg = RouterConfig(node=list(urls), health_interval=kwargs.pop("health_interval", 0.2), **kwargs)
-    with running_app(create_router_app(cfg)) as (url, app):
-        yield url, app
 
 
 def complete(url: str, prompt: str, session: str | None = None, **body) -> httpx.Response:

@@ -15,6 +15,7 @@ import ollama
 import pytest
 from mistralai.client import Mistral
 from server_harness import CODE, counter, free_port, running_app, running_server, wait_for_step
+from server_harness import running_router as router
 from test_server_infill import EXTRA, FILE, LINES, VIM_ACCEPTS, vim_fim
 
 from warmpath.config import EngineConfig, RouterConfig
@@ -29,13 +30,6 @@ def fleet(tiny_long_dir):
     with contextlib.ExitStack() as stack:
         nodes = [stack.enter_context(running_server(cfg)) for _ in range(3)]
         yield {url: app for url, app in nodes}
-
-
-@contextlib.contextmanager
-def router(urls, **kwargs):
-    cfg = RouterConfig(node=list(urls), health_interval=0.2, **kwargs)
-    with running_app(create_router_app(cfg)) as (url, app):
-        yield url, app
 
 
 def test_llama_vim_keeps_its_node_with_only_a_bearer_token(fleet):

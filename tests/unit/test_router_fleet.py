@@ -188,7 +188,9 @@ def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_rou
     scope = Scope(prefix, suffix)
     want = scope.feed(raw)
     assert scope.cut and want != raw
-    body = {"prompt": prefix, "suffix": suffix, "max_tokens": 48, "temperature": 0}
+    # the node would write on far past the cut, so each cut below ends a node request still running (a short
+    # answer could finish before the router closes it, and the node would count no client gone)
+    body = {"prompt": prefix, "suffix": suffix, "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
     for engine in ("openai",):
         with router(node=[f"{engine}={url}"], cache_entries=0) as (rurl, _):
             aborted = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
@@ -198,10 +200,11 @@ def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_rou
                 chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
             assert "".join(c["choices"][0]["text"] for c in chunks) == want
             assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-            infill = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 48, "temperature": 0}
+            infill = {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 2000, "temperature": 0}
             assert httpx.post(f"{rurl}/infill", json=infill, timeout=60).json()["content"] == want
             # each of the three closed the node's stream at the cut: the node counts its client gone
             gone = aborted + 3
             until(lambda: counter(url, "warmpath_requests_aborted_total", 'reason="client"') >= gone)  # noqa: B023
-            none = httpx.post(f"{rurl}/v1/completions", json={**body, "scope": "none"}, timeout=60).json()
+            none = httpx.post(f"{rurl}/v1/completions", json={**body, "max_tokens": 48, "scope": "none"},
+                              timeout=60).json()
             assert none["choices"][0]["text"] == raw

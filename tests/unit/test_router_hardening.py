@@ -10,19 +10,12 @@ import time
 
 import httpx
 import pytest
-from server_harness import CODE, counter, running_app, running_server, serve_process, stream_then_signal, total
+from server_harness import CODE, counter, running_server, serve_process, stream_then_signal, total
+from server_harness import running_router as router
 from test_router import complete, session_homed_on
 from test_server_hardening import chunked_upload, raw_request
 
-from warmpath.config import RouterConfig, ServerConfig
-from warmpath.router.app import create_router_app
-
-
-@contextlib.contextmanager
-def router(urls, **kwargs):
-    cfg = RouterConfig(node=list(urls), health_interval=kwargs.pop("health_interval", 0.2), **kwargs)
-    with running_app(create_router_app(cfg)) as (url, app):
-        yield url, app
+from warmpath.config import ServerConfig
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ Authorization headers are refused wherever they would be read; a `#` inside a ke
 response cache keeps model tiers apart."""
 
 import asyncio
-import contextlib
 import json
 import time
 
 import httpx
 import pytest
 from server_harness import CODE, running_app, running_server, wait_for_step
+from server_harness import running_router as router
 from test_server_hardening import raw_request
 
 from warmpath.config import RouterConfig, ServerConfig
@@ -28,13 +28,6 @@ def node(server_config, tmp_path_factory):
     keys.write_text("# direct callers\nalice-key\nbob-key  # bob's team\ncarol#key\n")
     cfg = ServerConfig(api_key="node-key", api_keys_file=str(keys), cache_isolation="key")
     with running_server(server_config, cfg) as (url, app):
-        yield url, app
-
-
-@contextlib.contextmanager
-def router(urls, **kwargs):
-    cfg = RouterConfig(node=list(urls), health_interval=0.2, **kwargs)
-    with running_app(create_router_app(cfg)) as (url, app):
         yield url, app
 
 

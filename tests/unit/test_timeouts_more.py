@@ -15,25 +15,18 @@ import time
 
 import httpx
 import pytest
-from server_harness import CODE, counter, running_app, running_server, wait_for_step
+from server_harness import CODE, counter, running_server, wait_for_step
+from server_harness import running_router as router
 from test_router import session_homed_on
 from test_server_hardening import _closed_or_answered, _connect
 
-from warmpath.config import RouterConfig, ServerConfig
-from warmpath.router.app import create_router_app
+from warmpath.config import ServerConfig
 
 
 @pytest.fixture(scope="module")
 def nodes(server_config):
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(running_server(server_config)) for _ in range(2)]
-
-
-@contextlib.contextmanager
-def router(urls, **kwargs):
-    cfg = RouterConfig(node=list(urls), health_interval=0.2, **kwargs)
-    with running_app(create_router_app(cfg)) as (url, app):
-        yield url, app
 
 
 @contextlib.contextmanager
