@@ -176,6 +176,7 @@ def tier_usage(root: Path) -> dict:
 
 
 METRICS = {"kv_blocks_used": "warmpath_kv_cache_usage_ratio", "running": "warmpath_num_requests_running",
+           "kv_cache_bytes": "warmpath_kv_cache_bytes",
            "waiting": "warmpath_num_requests_waiting", "tier_hit_tokens": "warmpath_prefix_cache_tier_hit_tokens_total",
            "tier_rejected": "warmpath_kv_tier_rejected_blocks_total"}
 
@@ -191,17 +192,41 @@ async def node_row(fleet: Fleet, i: int, http: httpx.AsyncClient) -> dict | None
     return row
 
 
+def kv_resident_mb(pid: int, kv_bytes: float) -> float | None:
+    """The resident part of a node's KV pool: its one anonymous mapping of the pool's size (models/kv_cache.py
+    allocates it from zero pages, mapped as blocks are first written), from /proc/PID/smaps. None: not found."""
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return None
+    mappings: list[dict[str, int]] = []
+    for line in text.splitlines():
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+            mappings.append({})
+        elif mappings and line.endswith(" kB"):
+            key, _, value = line.partition(":")
+            mappings[-1][key] = int(value.split()[0]) * 1024
+    for m in mappings:
+        if kv_bytes <= m.get("Size", 0) <= kv_bytes + (4 << 20):
+            return round(m.get("Rss", 0) / 1e6, 1)
+    return None
+
+
 async def sample(fleet: Fleet, http: httpx.AsyncClient, t0: float) -> dict:
     row = {"t": round(time.monotonic() - t0, 1), "procs": {}, "nodes": {}, "tiers": {}}
+    for i in range(2):
+        row["nodes"][f"node{i}"] = await node_row(fleet, i, http)
     for name, proc in [("router", fleet.router), *((f"node{i}", p) for i, p in enumerate(fleet.nodes))]:
         try:
             p = psutil.Process(proc.pid)
             row["procs"][name] = {"pid": proc.pid, "rss_mb": round(p.memory_info().rss / 1e6, 1),
                                   "fds": p.num_fds(), "threads": p.num_threads()}
+            node = row["nodes"].get(name)
+            if node:  # a node's KV pool pages, mapped as first used: its RSS grows to the pool's size by design
+                row["procs"][name]["kv_resident_mb"] = kv_resident_mb(proc.pid, node["kv_cache_bytes"])
         except psutil.Error:
             row["procs"][name] = None
     for i in range(2):
-        row["nodes"][f"node{i}"] = await node_row(fleet, i, http)
         row["tiers"][f"node{i}"] = await asyncio.to_thread(tier_usage, fleet.tiers[i])
     try:
         row["router_in_flight"] = sum((await fleet.in_flight(http)).values())

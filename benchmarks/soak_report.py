@@ -8,8 +8,10 @@
   writer renames a block in before it deletes the oldest);
 - RSS flat: for each process's last life (the router's and node 0's are the whole run), from the end of its
   warm-up (a minute or a tenth of the run, the longer) to the end of the traffic: the largest RSS of the last
-  third at most RSS_GROWTH times the largest of the first third. A leak of a kilobyte a request over an hour's
-  ~15,000 requests is 15 MB, 2% of a node and 20% of the router; bounded tables fill in the first third (the
+  third at most RSS_GROWTH times the largest of the first third. A node's RSS is judged without its KV pool's
+  resident pages (`kv_resident_mb`): the pool is mapped from zero pages as its blocks are first written
+  (models/kv_cache.py), so it grows to the pool's size, bounded, by design. A leak of a kilobyte a request over an
+  hour's ~15,000 requests is 15 MB, 2% of a node and 20% of the router; bounded tables fill in the first third (the
   floods use the same session ids). Judged where that span is JUDGED_MINUTES or more: a shorter one cannot tell
   a leak from a warm-up;
 - answers: each check prompt's greedy tokens through the router after all this, and again with its prefix cached,
@@ -39,7 +41,8 @@ def rss_flat(samples: list[dict], name: str, run_s: float) -> dict:
     """The RSS rule on the process's last life."""
     life = lives(samples, name)[-1]
     warm = life[0][0]["t"] + max(60.0, 0.1 * run_s)
-    judged = [(s["t"], row["rss_mb"]) for s, row in life if warm <= s["t"] <= run_s]  # the traffic's time
+    judged = [(s["t"], row["rss_mb"] - (row.get("kv_resident_mb") or 0.0))  # the traffic's time
+              for s, row in life if warm <= s["t"] <= run_s]
     span = judged[-1][0] - judged[0][0] if judged else 0.0
     if span < JUDGED_MINUTES * 60:
         return {"ok": None, "span_min": round(span / 60, 1)}
