@@ -33,15 +33,12 @@ def test_prompts_cut_anywhere_give_the_same_logprobs(tmp_path):
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf", max_position_embeddings=4096)
     llm = LLM(str(path), plan="native-int8", max_num_batched_tokens=33, num_kv_blocks=256)
     engine, lone = llm.engine, []
-    schedule = engine.scheduler.schedule
 
-    def watched():
-        plan = schedule()
+    def watched(batch):
         lone.extend(c.num_tokens == 1 and c.request.num_computed_tokens < len(c.request.prompt_token_ids)
-                    for c in plan.chunks)
-        return plan
+                    for c in batch.chunks)
 
-    engine.scheduler.schedule = watched
+    engine.scheduler.add_listener(watched)
     prompts = [[(7 * i + j) % 200 + 1 for j in range(16 * i + 1)] for i in range(2, 7)]
     cold = [run(llm, [p])[0] for p in prompts]  # one at a time: 33-token steps
     together = run(llm, prompts)  # warm: each hit leaves the last token alone; five share the 33-token steps

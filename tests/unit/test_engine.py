@@ -1,6 +1,8 @@
 """Engine + Scheduler + BlockPool on the tiny model: exact outputs under caching / chunking / preemption,
 warm prefixes, continuous batching, no head-of-line blocking, aborts and deadlines in every state."""
 
+import time
+
 import pytest
 from engine_checks import FakeClock, check_pool_invariants, code_texts
 
@@ -12,9 +14,9 @@ from warmpath.engine.request import FinishReason, RequestStatus
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
-def make(path, **kw) -> Engine:
+def make(path, clock=time.monotonic, **kw) -> Engine:
     kw = {"dtype": "float32", "num_kv_blocks": 2048, **kw}
-    return Engine(EngineConfig(model=str(path), **kw))
+    return Engine(EngineConfig(model=str(path), **kw), clock)
 
 
 def run(engine: Engine, prompts: list[list[int]], params=GREEDY, check=True) -> dict[str, list[int]]:
@@ -144,9 +146,8 @@ def test_abort_in_any_state_returns_blocks_at_once(tiny_long_dir, prompts, state
 
 
 def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_dir, prompts):
-    engine = make(tiny_long_dir)
     clock = FakeClock()
-    engine.scheduler.clock = clock
+    engine = make(tiny_long_dir, clock)
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     engine.add_request(EngineRequest("late", prompts[0][:50], long, deadline=clock.t - 0.001))  # already past
     engine.add_request(EngineRequest("soon", prompts[1][:50], long, deadline=clock.t + 5))
@@ -166,9 +167,8 @@ def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_
 
 def test_a_prompt_deadline_ends_a_request_with_no_token_yet_and_only_such_a_request(tiny_long_dir, prompts):
     """llama.cpp's t_max_prompt_ms: no first token by then is late; a request past its first token runs on."""
-    engine = make(tiny_long_dir, max_num_batched_tokens=64)
     clock = FakeClock()
-    engine.scheduler.clock = clock
+    engine = make(tiny_long_dir, clock, max_num_batched_tokens=64)
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     engine.add_request(EngineRequest("started", prompts[0][:20], long, prompt_deadline=clock.t + 1))
     engine.step()  # its prompt fits one step: it has a token

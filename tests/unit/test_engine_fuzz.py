@@ -1,7 +1,7 @@
 """No leaks, ever: random add / abort / step / deadline sequences keep the block accounting exact."""
 
 import pytest
-from engine_checks import FakeClock, check_pool_invariants
+from engine_checks import FakeClock, FlatStepTimes, check_pool_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,11 +30,11 @@ ops = st.lists(
 def engine(tiny_llama_dir, request):
     # A small pool, small blocks and a small budget: preemption, chunking and eviction all happen; with
     # speculation, guesses are verified (and rejected) beside all that, and aborts and deadlines hit them.
-    engine = Engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_kv_blocks=16, block_size=4,
-                                 max_num_batched_tokens=16, max_num_seqs=4, speculative_method=request.param))
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_kv_blocks=16, block_size=4,
+                          max_num_batched_tokens=16, max_num_seqs=4, speculative_method=request.param)
+    engine = Engine(config, FakeClock())
     if engine.speculator is not None:  # verifying always pays here
-        engine.speculator.decode_times.seconds = [0.01] * len(engine.speculator.decode_times.seconds)
-        engine.speculator.decode_times.record = lambda rows, seconds: None
+        engine.speculator.decode_times = FlatStepTimes()
     return engine
 
 
@@ -42,8 +42,8 @@ def engine(tiny_llama_dir, request):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops)
 def test_random_sequences_never_leak(engine, sequence):
-    clock = FakeClock()
-    engine.scheduler.clock = clock
+    clock = engine.scheduler.clock
+    clock.t = 1000.0
     ids: list[str] = []
     for op in sequence:
         if op[0] == "add":

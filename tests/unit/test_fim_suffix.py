@@ -42,9 +42,9 @@ def test_the_first_whole_lines_that_fit_and_the_cursor_line_always():
 # Seconds per prompt token recorded on the project's machines, and the budget each gets: what it computes in
 # SUFFIX_MS, whole 16-token blocks of it, MIN_SUFFIX_TOKENS at least (fewer cost pass@1).
 MEASURED = {
-    "AVX2 EPYC, Qwen2.5-Coder-0.5B (Engine.prompt_seconds_per_token, 2026-12-05)": (0.00307, 80),
-    "AVX2 EPYC, Qwen2.5-Coder-1.5B (Engine.prompt_seconds_per_token, 2026-12-05)": (0.00948, 64),
-    "AVX2 EPYC, SmolLM2-135M (Engine.prompt_seconds_per_token, 2026-12-05)": (0.00085, 288),
+    "AVX2 EPYC, Qwen2.5-Coder-0.5B (StepCost.prompt_seconds_per_token, 2026-12-05)": (0.00307, 80),
+    "AVX2 EPYC, Qwen2.5-Coder-1.5B (StepCost.prompt_seconds_per_token, 2026-12-05)": (0.00948, 64),
+    "AVX2 EPYC, SmolLM2-135M (StepCost.prompt_seconds_per_token, 2026-12-05)": (0.00085, 288),
     "Zen 4, Qwen2.5-Coder-0.5B (anchors.md: cold 2,000 tokens in 5.21 s)": (5.21 / 2000, 80),
     "Zen 4, Qwen2.5-Coder-1.5B (anchors.md: cold 2,000 tokens in 12.65 s)": (12.65 / 2000, 64),
     **{f"{cpu}, SmolLM2-135M (tests/data/plan_timings_{name}.json: native-int8, 128 new tokens)": (
@@ -107,10 +107,11 @@ def test_auto_is_the_measured_speeds_budget(qwen_model):
     config = EngineConfig(model=str(qwen_model), dtype="float32", num_kv_blocks=256)
     with running_server(config, ServerConfig(fim_suffix_tokens="auto")) as (url, app):
         engine = app.state.engine
-        assert 0 < engine.prompt_seconds_per_token < 0.1
-        assert engine.scheduler.seconds_per_token == pytest.approx(engine.prompt_seconds_per_token)
+        measured = engine.cost.prompt_seconds_per_token
+        assert 0 < measured < 0.1
+        assert engine.cost.per_token == pytest.approx(measured)  # the scheduler's first step, the same figure
         card = httpx.get(f"{url}/v1/models").json()["data"][0]
-        assert card["fim_suffix_tokens"] == suffix_budget(engine.prompt_seconds_per_token)
+        assert card["fim_suffix_tokens"] == suffix_budget(measured)
 
 
 def test_the_prompt_speed_is_measured_once_per_machine_model_and_code(tmp_path, monkeypatch):

@@ -187,7 +187,8 @@ def test_another_model_on_the_same_tier_finds_nothing_of_the_first(tiny_long_dir
     assert len({p.parent for p in kept_files(tmp_path)}) == 2
 
 
-def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_long_dir, tmp_path, prompt, reference):
+def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_long_dir, tmp_path, prompt, reference,
+                                                                         monkeypatch):
     """Reading a long prefix back never stalls another developer's stream: while someone decodes, each step reads what
     a paced step's time allows (step_target_ms over the measured cost of a block), and the others get their token in
     every one of those steps; the restored request's answer is the same."""
@@ -199,9 +200,10 @@ def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_l
         engine.step()
     engine.add_request(EngineRequest("back", prompt, GREEDY))
     steps, other_tokens, per_step = 0, [], []
+    # As if a block took 30 ms to read (3 blocks a 100 ms step), and computing its 16 tokens 160 ms: reading pays.
+    monkeypatch.setattr(type(engine.tier), "seconds_per_block", property(lambda tier: 0.03))
+    monkeypatch.setattr(type(engine.cost), "per_token", property(lambda cost: 0.01))
     while not engine.requests["back"].output_token_ids:
-        engine.tier.seconds_per_block = 0.03  # as if a block took 30 ms to read: 3 blocks a 100 ms step
-        engine.scheduler.seconds_per_token = 0.01  # and computing its 16 tokens 160 ms: reading pays
         before = (engine.requests["back"].num_computed_tokens, len(engine.requests["other"].output_token_ids))
         engine.step()
         steps += 1

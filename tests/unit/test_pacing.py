@@ -1,4 +1,4 @@
-"""Prompt chunks paced to a short step (Scheduler.observe, SchedulerConfig.step_target_ms): while another session is
+"""Prompt chunks paced to a short step (StepCost, SchedulerConfig.step_target_ms): while another session is
 quick (typing on a warm prefix, or decoding), a long cold prompt runs in chunks this machine computes in about
 step_target_ms, so a keystroke that arrives behind it is admitted at the next step instead of waiting out 512-token
 steps; alone, or beside other cold sessions only, it fills the budget."""
@@ -6,7 +6,10 @@ steps; alone, or beside other cold sessions only, it fills the budget."""
 from warmpath.config import SchedulerConfig
 from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import FinishReason, Request, RequestMetrics, SamplingParams
-from warmpath.engine.scheduler import ACTIVE_S, Scheduler
+from warmpath.engine.scheduler import Scheduler
+from warmpath.engine.step_cost import StepCost
+
+ACTIVE_S = 5.0  # a session that asked this recently is still typing (engine/scheduler/_pacing.py)
 
 
 class Clock:
@@ -22,23 +25,27 @@ def request(rid: str, n: int, session: str) -> Request:
                    None, RequestMetrics(arrival_time=0.0), session)
 
 
-def scheduler(step_target_ms: float = 100.0) -> tuple[Scheduler, Clock]:
-    s = Scheduler(SchedulerConfig(512, 64, step_target_ms), BlockPool(512, 16, True, b"test"))
-    s.clock = clock = Clock()
-    return s, clock
+def scheduler(step_target_ms: float = 100.0, measured: bool = False, config: SchedulerConfig | None = None,
+              blocks: int = 512) -> tuple[Scheduler, Clock]:
+    """A scheduler on a test clock; `measured`: after a 512-token step at 2.5 ms a token (no overhead)."""
+    cost, clock = StepCost(), Clock()
+    if measured:
+        cost.record(512, 512 * 0.0025)
+    config = config or SchedulerConfig(512, 64, step_target_ms)
+    return Scheduler(config, BlockPool(blocks, 16, True, b"test"), cost, clock=clock), clock
 
 
 def test_the_chunk_is_what_the_measured_steps_compute_in_the_target():
-    s, _ = scheduler()
+    cost = StepCost()
+    s = Scheduler(SchedulerConfig(512, 64, 100.0), BlockPool(512, 16, True, b"test"), cost)
     assert s.latency_chunk is None
-    s.observe(8, 10.0)  # too few tokens to say what a token costs
+    cost.record(8, 0.010)  # a decode step: 10 ms whatever it computes; what a token costs is not known yet
     assert s.latency_chunk is None
-    s.observe(512, 512 * 0.0025)  # 2.5 ms a token: 100 ms hold 40 tokens, 32 in whole blocks
+    cost.record(512, 0.010 + 512 * 0.0025)  # 2.5 ms a token: 90 ms beyond the overhead hold 36, 32 in blocks
     assert s.latency_chunk == 32
-    s.observe(64, 64 * 0.1)  # slower steps pull it down, never below a block
+    cost.record(64, 0.010 + 64 * 0.1)  # slower steps pull it down, never below a block
     assert s.latency_chunk == 16
     off, _ = scheduler(step_target_ms=0)
-    off.observe(512, 1.0)
     assert off.latency_chunk is None
 
 
@@ -46,12 +53,11 @@ def typed(s: Scheduler, rid: str, n: int, session: str) -> None:
     """A request of session answered: it was admitted needing n tokens, and finished."""
     s.add(request(rid, n, session))
     s.schedule()
-    s.finish(next(r for r in s.running if r.request_id == rid), FinishReason.STOP)
+    s.finish(next(r for r in s.running_requests() if r.request_id == rid), FinishReason.STOP)
 
 
 def test_a_keystroke_behind_a_cold_prompt_runs_in_the_next_short_step():
-    s, clock = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, clock = scheduler(measured=True)
     typed(s, "key0", 20, "bob")  # bob types on a warm prefix: 20 new tokens a keystroke
     s.add(request("cold", 1500, "alice"))
     clock.t = 0.5
@@ -64,12 +70,10 @@ def test_a_keystroke_behind_a_cold_prompt_runs_in_the_next_short_step():
 
 
 def test_alone_a_prompt_fills_the_budget_and_paces_while_another_session_types():
-    s, _ = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, _ = scheduler(measured=True)
     s.add(request("cold", 1500, "alice"))
     assert [c.num_tokens for c in s.schedule().chunks] == [512]
-    s2, clock2 = scheduler()
-    s2.observe(512, 512 * 0.0025)
+    s2, clock2 = scheduler(measured=True)
     typed(s2, "key", 20, "bob")
     clock2.t = 1.0
     s2.add(request("cold", 1500, "alice"))  # bob asked a second ago: his next keystroke may come mid-step
@@ -81,8 +85,7 @@ def test_alone_a_prompt_fills_the_budget_and_paces_while_another_session_types()
 def test_cold_sessions_alone_are_not_held_back():
     """Two developers opening files at once: neither has a keystroke a long chunk would delay, and short chunks only
     add each step's fixed cost to both their waits."""
-    s, clock = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, clock = scheduler(measured=True)
     s.add(request("cold-a", 1500, "alice"))
     s.add(request("cold-b", 1500, "bob"))
     plan = s.schedule()
@@ -96,8 +99,7 @@ def test_cold_sessions_alone_are_not_held_back():
 
 
 def test_a_session_that_goes_cold_stops_pacing_the_others():
-    s, clock = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, clock = scheduler(measured=True)
     typed(s, "key", 20, "bob")
     s.add(request("cold", 1500, "alice"))
     assert [c.num_tokens for c in s.schedule().chunks] == [32]
@@ -108,10 +110,9 @@ def test_a_session_that_goes_cold_stops_pacing_the_others():
 
 
 def test_a_stream_being_decoded_paces_a_cold_prompt():
-    s, clock = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, clock = scheduler(measured=True)
     s.add(request("chat", 600, "bob"))
-    while not s.running or not s.running[0].output_token_ids:
+    while not s.running_requests() or not s.running_requests()[0].output_token_ids:
         plan = s.schedule()
         s.update(plan, [[1] for c in plan.chunks if c.sample])
     s.add(request("cold", 1500, "alice"))
@@ -122,8 +123,7 @@ def test_a_stream_being_decoded_paces_a_cold_prompt():
 def test_a_late_prompt_computes_on_for_its_session_and_yields_to_everyone():
     """Past its deadline mid-prompt, a session's request leaves a warm-up: its prompt's full blocks computed with
     the budget the others leave, reported to nobody; the session's next request ends it and finds them cached."""
-    s, clock = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, clock = scheduler(measured=True)
     late = request("late", 1500, "alice")
     late.deadline = 0.3
     s.add(late)
@@ -145,7 +145,7 @@ def test_a_late_prompt_computes_on_for_its_session_and_yields_to_everyone():
         if not plan.chunks:
             break
         s.update(plan, [[1] for c in plan.chunks if c.sample])
-    assert not any(r.warmup for r in s.running) and not s.warming  # done at its last full block
+    assert not any(r.warmup for r in s.running_requests()) and not s.queued_warm_ups()  # done at its last full block
     nxt = request("next", 1510, "alice")
     s.add(nxt)
     plan = s.schedule()
@@ -160,25 +160,24 @@ def warming(s: Scheduler, clock: Clock, n: int) -> Request:
     s.update(s.schedule(), [])
     clock.t = 0.4
     s.update(s.schedule(), [])
-    return next(r for r in s.running if r.warmup)
+    return next(r for r in s.running_requests() if r.warmup)
 
 
 def test_the_sessions_next_request_ends_its_warm_up():
     s, clock = scheduler()
     warm = warming(s, clock, 1500)
     s.add(request("typed", 1502, "alice"))
-    assert warm.finished and warm not in s.running and not s.warming
+    assert warm.finished and warm not in s.running_requests() and not s.queued_warm_ups()
     stale = request("stale", 700, "carol")  # no deadline passed: a plain abort leaves nothing behind
     s.add(stale)
     s.finish(stale, FinishReason.ABORT)
-    assert not s.warming
+    assert not s.queued_warm_ups()
 
 
 def test_a_warm_up_gives_its_blocks_back_before_anyone_waits_for_them():
-    s = Scheduler(SchedulerConfig(256, 64, 100.0), BlockPool(40, 16, True, b"test"))  # 640 tokens of KV
-    s.clock = clock = Clock()
+    s, clock = scheduler(config=SchedulerConfig(256, 64, 100.0), blocks=40)  # 640 tokens of KV
     warm = warming(s, clock, 600)
-    assert len(warm.block_ids) == 32 and s.pool.num_free < 32
+    assert len(warm.block_ids) == 32 and 40 - sum(len(r.block_ids) for r in s.running_requests()) < 32
     s.add(request("bob", 500, "bob"))  # needs more blocks than are free: the warm-up goes, bob runs
     plan = s.schedule()
     assert warm.finished and [c.request.request_id for c in plan.chunks] == ["bob"] and not s.stats.num_preemptions
@@ -194,15 +193,15 @@ def test_a_prompt_its_client_left_computes_on_for_the_next_keystroke_unless_that
     s.update(s.schedule(), [])  # one 512-token chunk
     s.abort(left)
     assert left.finish_reason == FinishReason.ABORT
-    assert [w.prompt_token_ids for w in s.warming] == [left.prompt_token_ids[:1488]]
+    assert [w.prompt_token_ids for w in s.queued_warm_ups()] == [left.prompt_token_ids[:1488]]
     s.add(nxt := request("next", 1502, "alice"))  # the next keystroke ends the warm-up
-    assert not s.warming
+    assert not s.queued_warm_ups()
     s.abort(nxt)  # closed before admission: warms again
-    assert len(s.warming) == 1
+    assert len(s.queued_warm_ups()) == 1
     s.add(newer := request("newer", 1504, "alice"))
     s.add(newest := request("newest", 1506, "alice"))
     s.abort(newer)  # the newest is in: it computes the prompt itself
-    assert not s.warming and newest in s.waiting
+    assert not s.queued_warm_ups() and newest in s.waiting_requests()
     s.finish(newest, FinishReason.ABORT)
     s.add(bob := request("bob", 40, "bob"))
     plan = s.schedule()
@@ -213,14 +212,13 @@ def test_a_prompt_its_client_left_computes_on_for_the_next_keystroke_unless_that
                         RequestMetrics(arrival_time=0.0))
     s.add(anonymous)
     s.abort(anonymous)  # no session: nobody's next keystroke
-    assert not s.warming
+    assert not s.queued_warm_ups()
 
 
 def test_of_several_warm_ups_the_one_with_the_fewest_tokens_left_computes_first():
     """Two developers' cold files warm at once: the shorter one gets the idle steps until it is done (shortest
     remaining first), so its developer is answered seconds sooner and the other no later than both would be."""
-    s, clock = scheduler()
-    s.observe(512, 512 * 0.0025)
+    s, clock = scheduler(measured=True)
     for rid, n, session in (("long", 1700, "alice"), ("short", 1000, "bob")):  # alice's file came first
         r = request(rid, n, session)
         r.deadline = 0.3
@@ -244,12 +242,13 @@ def test_queued_warm_ups_keep_their_bounds_the_oldest_going_first():
     holds at most warm_up_tokens_per_tenant tokens of one tenant (the request's, server/tenancy.py: its cache salts
     are all one tenant) and warm_up_tokens in all; past a bound the oldest go (the tenant's own for its bound),
     counted; one alone over a bound never queues."""
-    s = Scheduler(SchedulerConfig(512, 64, 100.0, True, 1000, 1600), BlockPool(512, 16, True, b"test"))
+    s, _ = scheduler(config=SchedulerConfig(512, 64, 100.0, True, 1000, 1600))
     asked = [("a", "x", 480), ("b", None, 480), ("a", "y", 480), ("a", "z", 480), ("c", None, 480), ("b", None, 2000)]
     for i, (tenant, salt, n) in enumerate(asked):
         s.warm_up(f"r{i}", list(range(i * 10_000, i * 10_000 + n)), f"dev{i}", salt, tenant)
-    assert [w.session_id for w in s.warming] == ["dev2", "dev3", "dev4"]  # dev0 (a's oldest), dev1 (oldest), dev5
-    assert s.warming.tokens == 3 * 480 and s.warming.tenant_tokens("a") == 960
-    assert (s.warming.stats.dropped_tenant, s.warming.stats.dropped_total) == (2, 1)
+    queued = [w.session_id for w in s.queued_warm_ups()]
+    assert queued == ["dev2", "dev3", "dev4"]  # dev0 (a's oldest), dev1 (oldest), dev5
+    assert s.warm_up_tokens == 3 * 480 and sum(w.num_tokens for w in s.queued_warm_ups() if w.tenant == "a") == 960
+    assert (s.stats.warm_ups_dropped_tenant, s.stats.warm_ups_dropped_total) == (2, 1)
     s.add(request("typed", 500, "dev3"))  # a session's next request still ends its warm-up
-    assert [w.session_id for w in s.warming] == ["dev2", "dev4"] and s.warming.tokens == 960
+    assert [w.session_id for w in s.queued_warm_ups()] == ["dev2", "dev4"] and s.warm_up_tokens == 960

@@ -138,7 +138,7 @@ def behind_a_queue(url: str, app, tag: str, send) -> tuple:
             work = [asyncio.create_task(http.post(f"{url}/v1/completions",
                                                   json={**busy, "prompt": f"#{tag}{i}\n" + busy["prompt"]}))
                     for i in range(12)]
-            await asyncio.to_thread(wait_for_step, app, lambda e: len(e.scheduler.waiting) >= 4)
+            await asyncio.to_thread(wait_for_step, app, lambda e: e.scheduler.num_waiting >= 4)
             answer = await send(http)
             queued = app.state.engine.has_unfinished_requests()
             await asyncio.gather(*work)

@@ -71,7 +71,7 @@ def test_requests_refused_at_their_deadline_from_new_sessions_keep_warm_ups_with
         # Someone decoding: every step has work, so no warm-up is admitted (they wait for an idle step).
         busy = pool.submit(httpx.post, f"{url}/v1/completions", timeout=300,
                            json={"prompt": CODE, "max_tokens": 8000, "ignore_eos": True, "temperature": 0})
-        wait_for_step(app, lambda e: any(r.output_token_ids for r in e.scheduler.running))
+        wait_for_step(app, lambda e: any(r.output_token_ids for r in e.scheduler.running_requests()))
         n = 40
         for i in range(n):
             # A tenant is its key's (server/tenancy.py): a new cache_salt each time is no way out of its bound.
@@ -81,8 +81,8 @@ def test_requests_refused_at_their_deadline_from_new_sessions_keep_warm_ups_with
                            json={"prompt": f"# file {i}\n" + CODE * 8, "max_tokens": 4, "cache_salt": f"s{i}"})
             assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("deadline", "overloaded")
         queued, still_busy = in_the_step_thread(app, lambda e: (
-            [(w.tenant, w.session_id, len(w.prompt_token_ids)) for w in e.scheduler.warming],
-            any(r.output_token_ids and not r.warmup for r in e.scheduler.running)))
+            [(w.tenant, w.session_id, len(w.prompt_token_ids)) for w in e.scheduler.queued_warm_ups()],
+            any(r.output_token_ids and not r.warmup for r in e.scheduler.running_requests())))
         assert still_busy, "the busy request ended early: warm-ups were free to run"
         for rid in list(app.state.engine.requests):
             app.state.async_engine.abort(rid)

@@ -16,6 +16,7 @@ import pytest
 from server_harness import CODE, running_server
 
 from warmpath.config import ServerConfig
+from warmpath.engine.step_cost import StepCost
 
 
 def _connect(url: str, timeout: float = 30) -> socket.socket:
@@ -204,12 +205,21 @@ def test_cache_isolation_by_api_key(server_config, tmp_path):
         assert _cached(url, prompt, {"Authorization": "Bearer key-c"}) == 0
 
 
+class KnownCost(StepCost):
+    """2 ms a prompt token and no overhead, whatever the steps measure."""
+
+    per_token = property(lambda self: 2e-3)
+    overhead = property(lambda self: 0.0)
+
+    def record(self, tokens: int, seconds: float) -> None:
+        pass
+
+
 def test_a_burst_of_doomed_requests_is_refused_at_once(server):
     url, app = server
     async_engine = app.state.async_engine
-    saved = async_engine.seconds_per_token, async_engine.step_overhead
-    async_engine._learn_cost = lambda tokens, seconds: None  # a known cost: ~700-token prompts take ~1.4 s
-    async_engine.seconds_per_token, async_engine.step_overhead = 2e-3, 0.0
+    engine = async_engine.engine
+    saved, engine.cost = engine.cost, KnownCost()  # a known cost: ~700-token prompts take ~1.4 s
     prompts = [f"# burst {i}\n" + CODE * 12 for i in range(16)]
 
     async def burst():
@@ -221,8 +231,7 @@ def test_a_burst_of_doomed_requests_is_refused_at_once(server):
     try:
         answers = asyncio.run(burst())
     finally:
-        del async_engine._learn_cost
-        async_engine.seconds_per_token, async_engine.step_overhead = saved
+        engine.cost = saved
     reasons = []
     for r in answers:
         assert r.status_code == 200

@@ -293,11 +293,11 @@ def test_the_simulator_keeps_a_left_prompt_warming_as_the_engine_does():
     b.add("late", list(range(1000)), 4, "alice", 0.3, 0.0)
     b.step(0.0)
     b.abort("late", 0.3)  # at the deadline: late
-    assert [r.session_id for r in b.scheduler.warming] == ["alice"]
+    assert [r.session_id for r in b.scheduler.queued_warm_ups()] == ["alice"]
     b.add("stale", list(range(5000, 6000)), 4, "bob", 0.8, 0.5)
     b.step(0.5)
     b.abort("stale", 0.6)  # before the deadline: stale, and its prompt warms on for bob's next keystroke
-    warm = [r.session_id for r in (*b.scheduler.warming, *b.scheduler.running) if r.warmup]
+    warm = [r.session_id for r in (*b.scheduler.queued_warm_ups(), *b.scheduler.running_requests()) if r.warmup]
     assert sorted(warm) == ["alice", "bob"]
     assert b.scheduler.stats.num_deadline_expired == 1 and b.scheduler.stats.num_aborted == 1
 

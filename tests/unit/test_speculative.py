@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_checks import check_pool_invariants
+from engine_checks import FlatStepTimes, check_pool_invariants
 from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, EngineRequest, SamplingParams
@@ -71,9 +71,7 @@ def test_a_draft_guesses_only_when_its_guessing_costs_less_than_it_saves():
 def _engine_llm(model: str, method: str, **kw) -> LLM:
     llm = LLM(model, speculative_method=method, speculative_max_seqs=8, **kw)
     if method != "none":  # verifying always pays: the decision is tested above, the exactness here
-        times = llm.engine.speculator.decode_times
-        times.seconds = [0.01] * len(times.seconds)
-        times.record = lambda rows, seconds: None
+        llm.engine.speculator.decode_times = FlatStepTimes()
     return llm
 
 
@@ -216,14 +214,11 @@ def test_no_guesses_while_a_prompt_waits_or_is_computed(tiny_gguf):
     it longer); guessing resumes once every running request decodes and nothing waits."""
     llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32", num_kv_blocks=256, max_num_batched_tokens=16)
     engine, steps = llm.engine, []
-    schedule = engine.scheduler.schedule
 
-    def watched():
-        plan = schedule()
-        prompts = [c for c in plan.chunks if c.request.num_computed_tokens < len(c.request.prompt_token_ids)]
-        steps.append((sum(c.num_drafts for c in plan.chunks), len(prompts), len(engine.scheduler.waiting)))
-        return plan
-    engine.scheduler.schedule = watched
+    def watched(batch):
+        prompts = [c for c in batch.chunks if c.request.num_computed_tokens < len(c.request.prompt_token_ids)]
+        steps.append((sum(c.num_drafts for c in batch.chunks), len(prompts), engine.scheduler.num_waiting))
+    engine.scheduler.add_listener(watched)
     prompts = [REPEATING[0], REPEATING[1] * 3, REPEATING[2]]  # the long one takes several 16-token chunks
     _run(llm, prompts, [GREEDY] * len(prompts))
     assert any(drafts for drafts, _, _ in steps)

@@ -108,7 +108,7 @@ def test_another_tenants_request_does_not_end_a_warm_up(node):
             work = [asyncio.create_task(http.post(f"{url}/v1/completions", headers=NODE_KEY,
                                                   json={**busy, "prompt": f"#q{i}\n" + busy["prompt"]}))
                     for i in range(12)]
-            await asyncio.to_thread(wait_for_step, app, lambda e: len(e.scheduler.waiting) >= 4)
+            await asyncio.to_thread(wait_for_step, app, lambda e: e.scheduler.num_waiting >= 4)
             refused = await http.post(f"{url}/v1/completions", json=alice,
                                       headers={**ALICE, "X-Session-Id": "dev-w", "X-Deadline-Ms": "10"})
             bob = await http.post(f"{url}/v1/completions", json={"prompt": "# bob\n", "max_tokens": 1},

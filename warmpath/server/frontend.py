@@ -34,7 +34,7 @@ class Frontend:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine, self.config = engine, config
         self.tokenizer = engine.tokenizer
-        kept = suffix_tokens(config.fim_suffix_tokens, engine.prompt_seconds_per_token, engine.config.block_size)
+        kept = suffix_tokens(config.fim_suffix_tokens, engine.cost.prompt_seconds_per_token, engine.config.block_size)
         self.prompter = Prompter(self.tokenizer, engine.max_model_len, config.fim_layout, config.completion_scope, kept,
                                  config.min_confidence)
         self.fim, self.encoder = self.prompter.fim, self.prompter.encoder

@@ -1,5 +1,5 @@
-"""What one step's plan is (the scheduler's output, read by the runner, the engine and the simulator's cost
-model) and the scheduler's counters."""
+"""What one step computes (the scheduler's StepBatch, read by the engine, the runner and the simulator's cost model)
+and the scheduler's counters."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class ScheduledChunk:
 
 
 @dataclass
-class SchedulerOutput:
+class StepBatch:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)  # finished before running (deadline, error)
     preempted: list[Request] = field(default_factory=list)
@@ -43,3 +43,5 @@ class SchedulerStats:
     num_aborted: int = 0
     num_deadline_expired: int = 0
     num_computed_tokens: int = 0  # tokens run through the model (prompt chunks, recomputes, decodes)
+    warm_ups_dropped_tenant: int = 0  # warm-ups dropped for their tenant's bound (the oldest, or one over it alone)
+    warm_ups_dropped_total: int = 0  # warm-ups dropped for the bound over all tenants
