@@ -16,7 +16,7 @@ from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 from warmpath.api.fill import Fill
 from warmpath.api.fim import MIN_SUFFIX_TOKENS, SUFFIX_MS, keep_suffix, suffix_budget, suffix_tokens
 from warmpath.config import EngineConfig, ServerConfig
-from warmpath.engine.plan import Plan
+from warmpath.engine.plan import BackendPlan
 from warmpath.engine.plan_timing import prompt_speed, prompt_speed_path
 from warmpath.server.prompter import Prompter
 from warmpath.server.prompts import detect_fim
@@ -124,7 +124,7 @@ def test_the_prompt_speed_is_measured_once_per_machine_model_and_code(tmp_path, 
         measured.append(1)
         return 0.003 + len(measured) / 1000
 
-    plan = Plan("native-int8", None, {}, {}, key="cpu-model-code")
+    plan = BackendPlan("native-int8", None, {}, {}, key="cpu-model-code")
     assert prompt_speed(plan, "native-int8, bfloat16 KV, cpu", measure) == 0.004
     assert prompt_speed(plan, "native-int8, bfloat16 KV, cpu", measure) == 0.004 and len(measured) == 1
     assert prompt_speed(plan, "native-int8, int8 KV, cpu", measure) == 0.005  # another route: its own figure
@@ -132,5 +132,5 @@ def test_the_prompt_speed_is_measured_once_per_machine_model_and_code(tmp_path, 
                                                                    "native-int8, int8 KV, cpu": 0.005}
     prompt_speed_path(plan.key).write_text("{half a fi")  # unreadable: measured again
     assert prompt_speed(plan, "native-int8, bfloat16 KV, cpu", measure) == 0.006
-    fixed = Plan("native-int8", None, {}, {})
+    fixed = BackendPlan("native-int8", None, {}, {})
     assert prompt_speed(fixed, "x", measure) == 0.007 and prompt_speed(fixed, "x", measure) == 0.008

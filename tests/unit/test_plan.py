@@ -17,7 +17,7 @@ from warmpath.engine.plan import (
     DETERMINISTIC,
     MAX_CHUNK,
     NATIVE_CONTEXT,
-    Plan,
+    BackendPlan,
     choose,
     chunk_key,
     decode_key,
@@ -85,7 +85,7 @@ def test_a_step_is_routed_by_its_nearest_class():
 def test_plans_are_saved_and_loaded_as_they_were(tmp_path):
     plan = choose(SPR, allow_nondeterministic=True, key="cpu+model+code")
     plan.save(tmp_path / "plans" / "p.json")
-    assert Plan.load(tmp_path / "plans" / "p.json") == plan
+    assert BackendPlan.load(tmp_path / "plans" / "p.json") == plan
     assert "torch-bf16" in plan.table() and "chunk 512 @ 6144" in plan.table()
 
 
@@ -158,7 +158,7 @@ def test_a_configuration_named_by_dtype_is_a_plan_with_the_fixed_rule_at_its_exa
     assert plan.for_chunk(48, NATIVE_CONTEXT - 47) == "torch-fp32"
     assert plan.chunk[chunk_key(512, 0)] == "native-fp32" and plan.chunk[chunk_key(128, 2048)] == "torch-fp32"
     plan.save(tmp_path / "p.json")
-    again = Plan.load(tmp_path / "p.json")
+    again = BackendPlan.load(tmp_path / "p.json")
     assert again == plan and again.for_chunk(48, NATIVE_CONTEXT - 47) == "torch-fp32"
     int8 = fixed("native-int8", "torch-bf16")
     assert int8.backends == ["native-int8"] and int8.cache == "bfloat16" and int8.deterministic

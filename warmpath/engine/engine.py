@@ -18,7 +18,7 @@ from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.healing import Healer
 from warmpath.engine.kv_offload import KVOffload, tier_key
 from warmpath.engine.kv_tier import DiskTier
-from warmpath.engine.plan import Plan
+from warmpath.engine.plan import BackendPlan
 from warmpath.engine.plan_timing import prompt_speed
 from warmpath.engine.request import (
     EngineRequest,
@@ -70,7 +70,7 @@ class Engine:
         self.tokenizer: Tokenizer = ckpt.tokenizer
         self.tensor_types = ckpt.tensor_types  # the file's quant mix (empty for an HF directory)
         backends = build(config, ckpt, threads)
-        self.plan: Plan = backends.plan
+        self.plan: BackendPlan = backends.plan
         self.dtype, self.kv_dtype, model, native = backends.dtype, backends.kv_dtype, backends.model, backends.native
         if config.gemv_dtype != "none":
             half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
