@@ -272,7 +272,8 @@ def test_simulate_answers_how_many_developers_one_node_holds(tmp_path, capsys):
     assert "one node holds" in capsys.readouterr().out
     report = json.loads(out.read_text())
     runs = list(report["runs"].values())
-    assert len(runs) == 8 and all(0 <= (r["editor_goodput"] or 0) <= 1 for r in runs)
+    assert len(runs) == 8 and all(r["editor_goodput"] is not None for r in runs)
+    assert runs[0]["editor_goodput"] == max(r["editor_goodput"] for r in runs) > 0  # alone on the box is best
     held, target = report["holds_developers"], report["capacity_goodput"]
     assert 0 < target <= max(r["editor_goodput"] for r in runs)  # 95% of the best count's by default
     assert held == 0 or runs[[1, 2, 3, 4, 6, 8, 12, 16].index(held)]["editor_goodput"] >= target
