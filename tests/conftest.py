@@ -36,10 +36,10 @@ def server_kv_blocks() -> int:
 def server_config(tiny_long_dir, server_kv_blocks):
     """The tiny long-context model in fp32 with a small token budget per step: a ~700-token prompt takes ~11
     steps, so a test can act while it is in flight."""
-    from warmpath.config import EngineConfig
+    from warmpath.config import EngineConfig, SchedulerConfig
 
     return EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=server_kv_blocks,
-                        max_num_batched_tokens=64)
+                        scheduler=SchedulerConfig(max_num_batched_tokens=64))
 
 
 @pytest.fixture(scope="module")

@@ -7,24 +7,31 @@ import dataclasses
 import logging
 import sys
 import time
+import typing
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig, field_docs
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
     """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens), its help the field's
-    comment in config.py."""
-    docs = field_docs(cls)
+    comment in config.py; a field that is a dataclass itself (EngineConfig.scheduler) adds its fields' flags."""
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            add_flags(parser, hint)
+            continue
         flag, doc = "--" + f.name.replace("_", "-"), docs[f.name].replace("%", "%%")
-        if str(f.type) == "bool":
+        if hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=doc)
-            continue
-        if str(f.type).startswith("list"):
+        elif typing.get_origin(hint) is typing.Literal:  # argparse refuses other words, listing these
+            parser.add_argument(flag, choices=typing.get_args(hint), default=f.default,
+                                help=f"{doc} (default: {f.default})")
+        elif any(typing.get_origin(t) is list for t in (hint, *typing.get_args(hint))):  # list[str] | None
             parser.add_argument(flag, action="append", default=f.default, help=f"{doc} (repeatable)")
-            continue
-        kind = float if "float" in str(f.type) else int if "int" in str(f.type) else str
-        parser.add_argument(flag, type=kind, default=f.default, help=f"{doc} (default: {f.default})")
+        else:
+            kind = next(t for t in (float, int, str) if t is hint or t in typing.get_args(hint))  # X | None: X
+            parser.add_argument(flag, type=kind, default=f.default, help=f"{doc} (default: {f.default})")
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +39,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(cls, args: argparse.Namespace):
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    """The config the flags of add_flags(cls) give, nested dataclasses built from their own flags."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: from_args(hints[f.name], args) if dataclasses.is_dataclass(hints[f.name])
+                  else getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -53,12 +53,12 @@ def test_cli_flags_map_one_to_one_to_engine_config():
     import argparse
 
     from warmpath.cli import add_engine_flags, engine_config
-    from warmpath.config import EngineConfig
+    from warmpath.config import EngineConfig, SchedulerConfig
 
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     cfg = engine_config(parser.parse_args(["--no-enable-prefix-caching", "--max-num-batched-tokens", "64",
-                                           "--dtype", "float32", "--num-kv-blocks", "10"]))
-    assert cfg == EngineConfig(enable_prefix_caching=False, max_num_batched_tokens=64, dtype="float32",
-                               num_kv_blocks=10)
+                                           "--dtype", "float32", "--num-kv-blocks", "10", "--no-warm-late-prompts"]))
+    assert cfg == EngineConfig(enable_prefix_caching=False, dtype="float32", num_kv_blocks=10,
+                               scheduler=SchedulerConfig(max_num_batched_tokens=64, warm_late_prompts=False))
     assert engine_config(parser.parse_args([])) == EngineConfig()
