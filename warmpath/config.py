@@ -99,7 +99,9 @@ class SchedulerConfig:
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2"  # a bundled name, a path to a .gguf file, or an HF directory
+    # A bundled name (fetched on first use), a path to a .gguf file, or an HF directory; by default a code model
+    # (`make serve`'s), not SmolLM2, the tests' fast chat model, which cannot complete code.
+    model: str = "qwen2.5-coder-0.5b"
     dtype: Dtype = "auto"  # "auto" (bf16 where the CPU has it, else fp32), "float32", "bfloat16"
     device: Device = "cpu"  # "cpu" or "cuda"
     block_size: int = 16  # tokens per KV block

@@ -1,5 +1,5 @@
 """config.py: the scheduler's knobs nested in EngineConfig (one flag each, as before), the fields server and router
-share declared once, and the few-word settings refused when a config is built."""
+share declared once, the few-word settings refused when a config is built, and the product's defaults."""
 
 import argparse
 import dataclasses
@@ -20,6 +20,12 @@ def test_the_scheduler_knobs_are_one_nested_config_with_their_flags_kept():
     cfg = engine_config(args)
     assert cfg.scheduler == SchedulerConfig(64, 8, 0.0, False, SchedulerConfig.warm_up_tokens_per_tenant, 9)
     assert engine_config(build_parser().parse_args(["serve"])).scheduler == SchedulerConfig()
+
+
+def test_serve_without_a_model_serves_the_code_model():
+    assert engine_config(build_parser().parse_args(["serve"])).model == "qwen2.5-coder-0.5b"
+    assert build_parser().parse_args(["fetch-model"]).name == "qwen2.5-coder-0.5b"
+    assert build_parser().parse_args(["plan"]).model == "qwen2.5-coder-0.5b"
 
 
 def test_server_and_router_declare_none_of_their_shared_fields_again():
