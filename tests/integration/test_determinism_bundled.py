@@ -42,7 +42,7 @@ def test_greedy_text_repeats_whatever_the_batch_and_the_cache(plan, kv_dtype):
     if plan == "native-int8-bf16attn" and not bf16_attention():
         pytest.skip("no bf16 attention on this CPU (AMX or AVX512-BF16)")
     prompts = real_code_prompts()
-    with serve_process("--plan", plan, "--kv-cache-dtype", kv_dtype) as (url, _):
+    with serve_process("--model", "smollm2", "--plan", plan, "--kv-cache-dtype", kv_dtype) as (url, _):
         cold8 = asyncio.run(complete_all(url, prompts, 8))
         warm1 = asyncio.run(complete_all(url, prompts, 1))
         warm8 = asyncio.run(complete_all(url, list(reversed(prompts)), 8))[::-1]

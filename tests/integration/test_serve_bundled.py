@@ -11,7 +11,7 @@ from warmpath import SamplingParams
 
 @pytest.fixture(scope="module")
 def served():
-    with serve_process("--dtype", "float32") as (url, _):
+    with serve_process("--model", "smollm2", "--dtype", "float32") as (url, _):
         yield url
 
 

@@ -6,6 +6,7 @@ kernel gives a row the same numbers alone, in a chunk or as a decode, so the sch
 from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, EngineRequest, SamplingParams
+from warmpath.config import SchedulerConfig
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
 
@@ -31,7 +32,7 @@ cached: dict[str, int] = {}
 
 def test_prompts_cut_anywhere_give_the_same_logprobs(tmp_path):
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf", max_position_embeddings=4096)
-    llm = LLM(str(path), plan="native-int8", max_num_batched_tokens=33, num_kv_blocks=256)
+    llm = LLM(str(path), plan="native-int8", scheduler=SchedulerConfig(max_num_batched_tokens=33), num_kv_blocks=256)
     engine, lone = llm.engine, []
 
     def watched(batch):

@@ -7,7 +7,7 @@ import pytest
 from engine_checks import FakeClock, check_pool_invariants, code_texts
 
 from warmpath import EngineRequest, SamplingParams
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.engine.engine import Engine
 from warmpath.engine.request import FinishReason, RequestStatus
 
@@ -42,14 +42,15 @@ def prompts(tiny_long_dir):
 
 
 def test_outputs_identical_across_cache_chunking_and_preemption(tiny_long_dir, prompts):
-    reference = run(make(tiny_long_dir, enable_prefix_caching=False, max_num_batched_tokens=1 << 16), prompts)
+    unlimited = SchedulerConfig(max_num_batched_tokens=1 << 16)
+    reference = run(make(tiny_long_dir, enable_prefix_caching=False, scheduler=unlimited), prompts)
     cached = make(tiny_long_dir)
     assert run(cached, prompts) == reference
     assert run(cached, prompts) == reference  # now mostly prefix hits
     assert cached.stats()["prefix_cache_hit_tokens"] > 0.9 * sum(map(len, prompts))
-    assert run(make(tiny_long_dir, max_num_batched_tokens=32), prompts) == reference
+    assert run(make(tiny_long_dir, scheduler=SchedulerConfig(max_num_batched_tokens=32)), prompts) == reference
     # A pool far smaller than the batch needs: preemption must happen, outputs must not change.
-    small = make(tiny_long_dir, num_kv_blocks=100, max_num_batched_tokens=128)
+    small = make(tiny_long_dir, num_kv_blocks=100, scheduler=SchedulerConfig(max_num_batched_tokens=128))
     assert run(small, prompts) == reference
     assert small.stats()["num_preemptions"] > 0
 
@@ -79,7 +80,7 @@ def test_new_request_joins_at_the_next_step(tiny_long_dir, prompts):
 
 
 def test_long_prefill_never_stalls_decodes(tiny_long_dir, prompts):
-    engine = make(tiny_long_dir, max_num_batched_tokens=256)
+    engine = make(tiny_long_dir, scheduler=SchedulerConfig(max_num_batched_tokens=256))
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     for i in range(8):
         engine.add_request(EngineRequest(f"d{i}", prompts[i][:50], long))
@@ -119,7 +120,8 @@ def test_eviction_is_least_recently_used_session(tiny_long_dir):
 
 @pytest.mark.parametrize("state", ["waiting", "prefilling", "decoding", "preempted"])
 def test_abort_in_any_state_returns_blocks_at_once(tiny_long_dir, prompts, state):
-    engine = make(tiny_long_dir, num_kv_blocks=40 if state == "preempted" else 512, max_num_batched_tokens=64)
+    engine = make(tiny_long_dir, num_kv_blocks=40 if state == "preempted" else 512,
+                  scheduler=SchedulerConfig(max_num_batched_tokens=64))
     long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     engine.add_request(EngineRequest("x", prompts[1][:300], long))
     if state == "preempted":
@@ -168,7 +170,7 @@ def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_
 def test_a_prompt_deadline_ends_a_request_with_no_token_yet_and_only_such_a_request(tiny_long_dir, prompts):
     """llama.cpp's t_max_prompt_ms: no first token by then is late; a request past its first token runs on."""
     clock = FakeClock()
-    engine = make(tiny_long_dir, clock, max_num_batched_tokens=64)
+    engine = make(tiny_long_dir, clock, scheduler=SchedulerConfig(max_num_batched_tokens=64))
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
     engine.add_request(EngineRequest("started", prompts[0][:20], long, prompt_deadline=clock.t + 1))
     engine.step()  # its prompt fits one step: it has a token

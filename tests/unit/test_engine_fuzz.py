@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warmpath import EngineRequest, SamplingParams
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.engine.engine import Engine
 
 BASE = [list(range(10, 40)), list(range(10, 30)) + [7] * 12, [3, 4, 5] * 9, list(range(60, 61))]
@@ -31,7 +31,8 @@ def engine(tiny_llama_dir, request):
     # A small pool, small blocks and a small budget: preemption, chunking and eviction all happen; with
     # speculation, guesses are verified (and rejected) beside all that, and aborts and deadlines hit them.
     config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_kv_blocks=16, block_size=4,
-                          max_num_batched_tokens=16, max_num_seqs=4, speculative_method=request.param)
+                          scheduler=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4),
+                          speculative_method=request.param)
     engine = Engine(config, FakeClock())
     if engine.speculator is not None:  # verifying always pays here
         engine.speculator.decode_times = FlatStepTimes()

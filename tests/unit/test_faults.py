@@ -23,7 +23,7 @@ from engine_checks import code_texts
 from server_harness import ServeProcess, counter, running_server, start_serve
 from tiny_model import write_tiny_gguf
 
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.kernels import build
 
 BLOCK = 16  # tokens per KV block: the servers' default
@@ -79,7 +79,8 @@ def chosen_plan(server: ServeProcess) -> str:
 @functools.cache
 def fresh_answers(model: Path, plan: str, prompts: tuple[str, ...]) -> list[list[str]]:
     """What a fresh server (no tier, nothing on disk it reads) answers, under the same plan."""
-    config = EngineConfig(model=str(model), plan=plan, num_threads=1, num_kv_blocks=1024, max_num_batched_tokens=64)
+    config = EngineConfig(model=str(model), plan=plan, num_threads=1, num_kv_blocks=1024,
+                          scheduler=SchedulerConfig(max_num_batched_tokens=64))
     with running_server(config) as (url, _):
         return [complete(url, p)[0] for p in prompts]
 

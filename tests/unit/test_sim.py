@@ -13,7 +13,7 @@ import warmpath.router.proxy as proxy
 import warmpath.router.scorer as scorer
 import warmpath.sim.fleet as fleet_mod
 from warmpath.cli import main
-from warmpath.config import EngineConfig
+from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.engine.engine import Engine
 from warmpath.sim import chunk_tokenizer, simulate
 from warmpath.sim.calibrate import fit
@@ -107,7 +107,7 @@ def test_real_engine_and_simulator_give_every_common_turn_the_same_prefix_hit(ti
                          task_gap_s=2.0, max_tokens=8)
     trace = agent_trace(3, 6.0, seed=1, rate=1.0, params=params, count_tokens=lambda s: len(s.encode()) // 4)
     engine = Engine(EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024,
-                                 max_num_batched_tokens=128))
+                                 scheduler=SchedulerConfig(max_num_batched_tokens=128)))
     vocab = engine.model_config.vocab_size
 
     def tokenize(text):

@@ -10,6 +10,7 @@ from engine_checks import FlatStepTimes, check_pool_invariants
 from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, EngineRequest, SamplingParams
+from warmpath.config import SchedulerConfig
 from warmpath.engine.speculative import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
 
 # Prompts that repeat themselves (what prompt lookup feeds on) and ones that do not (non-speculating requests).
@@ -98,7 +99,8 @@ CONFIGS = {
     "torch": dict(dtype="float32", kernel="torch"),
     "default plan": dict(plan="native-int8"),
     "no prefix cache": dict(plan="native-int8", enable_prefix_caching=False),
-    "preempting pool": dict(dtype="float32", num_kv_blocks=14, block_size=4, max_num_batched_tokens=24),
+    "preempting pool": dict(dtype="float32", num_kv_blocks=14, block_size=4,
+                            scheduler=SchedulerConfig(max_num_batched_tokens=24)),
 }
 
 
@@ -212,7 +214,8 @@ def test_a_draft_model_must_share_the_tokenizer(tiny_gguf, tmp_path):
 def test_no_guesses_while_a_prompt_waits_or_is_computed(tiny_gguf):
     """A step that carries someone's prompt is their time to first token: it verifies no guesses (they would make
     it longer); guessing resumes once every running request decodes and nothing waits."""
-    llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32", num_kv_blocks=256, max_num_batched_tokens=16)
+    llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32", num_kv_blocks=256,
+                      scheduler=SchedulerConfig(max_num_batched_tokens=16))
     engine, steps = llm.engine, []
 
     def watched(batch):

@@ -12,8 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from warmpath.config import CompletionScope
+
 MAX_LOGPROBS = 20  # the engine's bound (engine/request.py), which this layer does not import
-Scope = Literal["auto", "statement", "line", "block", "none"]  # where a FIM answer ends (api/scope.py SCOPES)
+Scope = CompletionScope  # where a FIM answer ends (api/scope.py)
 
 # Parameter -> its neutral values: what clients send when they do not mean to use it.
 UNSUPPORTED = {

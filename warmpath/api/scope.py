@@ -43,7 +43,11 @@ text deltas, nothing else.
 
 from __future__ import annotations
 
-SCOPES = ("auto", "statement", "line", "block", "none")
+import typing
+
+from warmpath.config import CompletionScope
+
+SCOPES = typing.get_args(CompletionScope)
 RULES = ("line", "suffix", "dedent", "statement", "repeat", "gap", "body")
 REPEAT_LINES = 8  # the longest block whose repetition ends an answer
 SUFFIX_LINES = 5  # the suffix's lines an answer must not write again

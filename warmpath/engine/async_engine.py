@@ -192,7 +192,7 @@ class AsyncEngine:
         requests and unfinished prefills, and those not yet taken from the command queue), at what a step costs
         (StepCost). With prompt chunks paced (Scheduler.latency_chunk), what is ahead takes at most a chunk each
         per step: if that leaves room in the budget, the new request joins the next step."""
-        snap, budget, cost = self.snapshot, self.engine.config.max_num_batched_tokens, self.engine.cost
+        snap, budget, cost = self.snapshot, self.engine.config.scheduler.max_num_batched_tokens, self.engine.cost
         remaining = [*snap.prompt_left, *self._queued.values()]  # warm-ups yield to everyone: not counted
         cap, quick = snap.latency_chunk, snap.clock() < snap.quick_until
         step = sum(min(n, cap) for n in remaining) if cap is not None and quick else budget

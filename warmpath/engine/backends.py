@@ -15,7 +15,7 @@ from warmpath.config import EngineConfig
 from warmpath.engine.dtypes import resolve_dtype, resolve_kv_dtype
 from warmpath.engine.plan import TORCH_DTYPES, BackendPlan, choose, fixed, native_options, single
 from warmpath.engine.plan_timing import load_or_measure
-from warmpath.kernels.native import ACTIVATIONS, NativeForward, NativeKernelError, available
+from warmpath.kernels.native import NativeForward, NativeKernelError, available
 from warmpath.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,6 @@ class Backends:
 def fixed_plan(config: EngineConfig) -> BackendPlan | None:
     """The plan of a configuration that names its dtype, kernel or activations (or runs on a GPU); None when a
     plan is named or measured."""
-    if config.kernel not in ("auto", "native", "torch"):
-        raise ValueError(f"kernel must be auto, native or torch; got {config.kernel!r}")
-    if config.kernel_activations not in ("auto", *ACTIVATIONS):
-        raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
     named = (config.dtype, config.kernel, config.kernel_activations) != ("auto", "auto", "auto")
     if config.plan != "auto" or (not named and config.device == "cpu"):
         return None

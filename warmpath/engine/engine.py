@@ -72,12 +72,11 @@ class Engine:
         backends = build(config, ckpt, threads)
         self.plan: BackendPlan = backends.plan
         self.dtype, self.kv_dtype, model, native = backends.dtype, backends.kv_dtype, backends.model, backends.native
-        if config.gemv_dtype != "none":
-            half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
-            if half is None or model is None or self.dtype != torch.float32:
-                raise ValueError(f"gemv_dtype must be none, float16 or bfloat16, for a float32 torch model; got "
-                                 f"{config.gemv_dtype!r} with {self.dtype if model is not None else 'no torch model'}")
-            model.keep_half_width_copies(half)
+        if config.gemv_dtype != "none":  # float16 or bfloat16: the config allows no other
+            if model is None or self.dtype != torch.float32:
+                raise ValueError(f"gemv_dtype {config.gemv_dtype} needs a float32 torch model; got "
+                                 f"{self.dtype if model is not None else 'no torch model'}")
+            model.keep_half_width_copies(getattr(torch, config.gemv_dtype))
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")  # config.KV_ELEMENT_BYTES' names
@@ -106,7 +105,7 @@ class Engine:
                             parse_bytes(config.kv_offload_queue_bytes))
             self.tier = KVOffload(disk, kv)
             self.pool.on_cached = self.tier.save
-        self.scheduler = Scheduler(config.scheduler_config(), self.pool, self.cost, self.tier, clock)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cost, self.tier, clock)
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
                  self.kv_dtype_name, blocks * config.block_size / 4096)
@@ -139,7 +138,8 @@ class Engine:
         per_block = self.model_config.kv_bytes_per_token(self.kv_dtype_name) * config.block_size
         if config.num_kv_blocks or not config.memory_budget:
             return num_kv_blocks(config, self.model_config, self.kv_dtype)
-        working = working_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
+        working = working_bytes(self.model_config, config.scheduler.max_num_batched_tokens,
+                                config.scheduler.max_num_seqs)
         return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working, per_block)
 
     def close(self) -> None:

@@ -28,7 +28,6 @@ from warmpath.api.asgi import ClientGone, unless_disconnected
 from warmpath.api.credentials import authorization
 from warmpath.api.fill import Fill, Outcome
 from warmpath.api.protocol import error_body
-from warmpath.api.scope import SCOPES
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.forward import forward_headers
@@ -57,8 +56,6 @@ class Proxy:
     request path."""
 
     def __init__(self, config: RouterConfig):
-        if config.completion_scope not in SCOPES:
-            raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {config.completion_scope!r}")
         self.config = config
         nodes, self.tiers = parse_nodes(config)
         self.routers = {t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,

@@ -48,8 +48,6 @@ class Frontend:
         self.names = [self.model_name, *([tag] if tag and tag != self.model_name else [])]  # listed, in order
         self.accepted_names = {*self.names, engine.config.model}
         self.model_card = self._model_card()
-        if config.cache_isolation not in ("none", "key"):
-            raise ValueError(f"cache_isolation must be none or key, got {config.cache_isolation!r}")
 
     def _model_card(self) -> dict:
         """The /v1/models entry, with what a deployer checks (warmpath's fields): the architecture, the file's quant
