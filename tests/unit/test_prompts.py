@@ -4,7 +4,7 @@ import pytest
 from tiny_model import CHAT_TEMPLATE, tiny_tokenizer
 from tokenizers import AddedToken
 
-from warmpath.api.fim import detect_fim, fim_stop_ids, repo_context, split_literal
+from warmpath.api.fim import ContextFile, Fill, FimFormat, detect_fim, fim_stop_ids, repo_context, split_literal
 from warmpath.models.tokenizer import Tokenizer
 from warmpath.server.chat_template import render_chat
 
@@ -116,3 +116,17 @@ def test_the_vocabulary_and_the_model_name_find_the_same_family(vocab, name, fam
     """One rule (api/fim.detect_fim): the server reads the vocabulary, the router and the simulator the name."""
     by_vocab, by_name = detect_fim(tokenizer_with(*vocab)), detect_fim(model=name)
     assert by_vocab == by_name and (by_name.name if by_name else None) == family
+
+
+def test_a_models_fim_format_reads_literal_markers_keeps_the_suffixs_first_lines_and_puts_the_hole_at_the_end():
+    """FimFormat (api/fim.py): what the server renders beyond render() itself."""
+    tok = tokenizer_with(*QWEN_FIM)
+    qwen = FimFormat(detect_fim(tok), "cursor", suffix_tokens=2, count=lambda t: len(t.split()), vocab=tok)
+    starcoder = "<fim_prefix>def f(x):\n    <fim_suffix>\n    return y\n    pass\n<fim_middle>"
+    r = qwen.render(Fill(starcoder))  # another family's markers, as text: read as prefix and suffix
+    assert r.text == "<|fim_prefix|>def f(x):\n    <|fim_suffix|>\n    return y\n<|fim_middle|>"  # 2 words kept
+    assert r.cursor == ("def f(x):\n    ", "\n    return y\n    pass\n")  # the scope reads the whole suffix
+    assert r.fim_mode == "qwen2.5-coder; the prompt's starcoder markers read as prefix and suffix"
+    files = Fill("x = ", extra=[ContextFile("a.py", "A = 1\n")])
+    assert qwen.hole_at_end(files).suffix == "" and qwen.hole_at_end(Fill("x = ")).suffix is None
+    assert FimFormat(None).hole_at_end(files).suffix is None  # no family: the prefix alone
