@@ -12,10 +12,9 @@ from server_harness import running_app, running_server
 from tiny_gguf import QWEN_VOCAB, STARCODER_VOCAB, uniform, write_gguf
 
 from warmpath import LLM, SamplingParams
-from warmpath.api.fim import repo_context
+from warmpath.api.fim import detect_fim, repo_context
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
-from warmpath.server.prompts import detect_fim
 
 PREFIX = "def area(w, h):\n    return "
 SUFFIX = "\n\nprint(area(2, 3))\n"

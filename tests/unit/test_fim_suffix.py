@@ -13,13 +13,19 @@ from gguf import GGMLQuantizationType as Q
 from server_harness import running_server
 from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 
-from warmpath.api.fill import Fill
-from warmpath.api.fim import MIN_SUFFIX_TOKENS, SUFFIX_MS, keep_suffix, suffix_budget, suffix_tokens
+from warmpath.api.fim import (
+    MIN_SUFFIX_TOKENS,
+    SUFFIX_MS,
+    Fill,
+    FimFormat,
+    detect_fim,
+    keep_suffix,
+    suffix_budget,
+    suffix_tokens,
+)
 from warmpath.config import EngineConfig, ServerConfig
 from warmpath.engine.plan import BackendPlan
 from warmpath.engine.plan_timing import prompt_speed, prompt_speed_path
-from warmpath.server.prompter import Prompter
-from warmpath.server.prompts import detect_fim
 
 DATA = Path(__file__).parents[1] / "data"
 WORDS = lambda text: len(text.split()) + 1  # noqa: E731  (a token per word and one per line)
@@ -91,8 +97,8 @@ def test_the_server_keeps_the_suffix_lines_that_fit_and_caches_them_along_the_fi
         budget = None if setting == "all" else int(setting)
         kept = suffix if budget is None else keep_suffix(suffix, budget, lambda t: len(tok.encode(t, add_bos=False)))
         assert (kept == suffix) == (budget is None) and len(kept) > 1
-        prompter = Prompter(tok, 1024, "anchored", "auto", budget)
-        rendered = prompter.render(Fill(prefix, suffix))
+        count = lambda t: len(tok.encode(t, add_bos=False))  # noqa: E731
+        rendered = FimFormat(fim, "anchored", budget, count, tok).render(Fill(prefix, suffix))
         assert rendered.text == fim.build(prefix, kept, layout="anchored") and rendered.cursor == (prefix, suffix)
         first = complete(url, prompt=prefix, suffix=suffix)
         assert first["usage"]["prompt_tokens"] == len(tok.encode(fim.build(prefix, kept, layout="anchored"))) - 1

@@ -1,5 +1,5 @@
 """One over-long file, sent the way each protocol sends it (OpenAI completions with `suffix`, llama.cpp's /infill,
-Mistral FIM, Ollama's generate, Tabby): every protocol cuts it the same way (server/prompter.py: the prefix's first
+Mistral FIM, Ollama's generate, Tabby): every protocol cuts it the same way (server/prompt_fitter.py: the prefix's first
 lines, then the suffix's last lines, leaving the answer its tokens), answers 200 in its own shape, and computes the
 same prompt."""
 
@@ -44,7 +44,7 @@ def test_every_protocol_cuts_an_over_long_prompt_the_same_way(server):
     url, app = server
     tokenizer = app.state.engine.tokenizer
     assert len(tokenizer.encode(PREFIX + SUFFIX)) > 2 * MAX_LEN  # far over the context
-    model = app.state.frontend.model_name
+    model = app.state.served.model_name
     computed = {}
     for path, body in BODIES.items():
         body = {k: model if v == "MODEL" else v for k, v in body.items()}
@@ -68,7 +68,7 @@ def test_every_protocol_cuts_an_over_long_prompt_the_same_way(server):
 
 def test_a_prompt_that_cannot_be_cut_is_a_400_in_each_protocols_shape(server):
     url, app = server
-    model = app.state.frontend.model_name
+    model = app.state.served.model_name
     line = "x = [" + ", ".join(str(i) for i in range(2000)) + "]"  # one line: nothing to leave out
     r = httpx.post(f"{url}/v1/completions", json={"prompt": line, "max_tokens": 4})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

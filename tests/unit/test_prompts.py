@@ -1,17 +1,12 @@
-"""FIM templates detected from a tokenizer's special tokens; chat templates."""
+"""FIM templates detected from a tokenizer's special tokens (api/fim.py); chat templates (server/chat_template.py)."""
 
 import pytest
 from tiny_model import CHAT_TEMPLATE, tiny_tokenizer
 from tokenizers import AddedToken
 
-from warmpath.api.fim import repo_context
+from warmpath.api.fim import ContextFile, Fill, FimFormat, detect_fim, fim_stop_ids, repo_context, split_literal
 from warmpath.models.tokenizer import Tokenizer
-from warmpath.server.prompts import (
-    detect_fim,
-    fim_stop_ids,
-    render_chat,
-    split_literal_fim,
-)
+from warmpath.server.chat_template import render_chat
 
 
 def tokenizer_with(*special: str) -> Tokenizer:
@@ -45,14 +40,14 @@ def test_fim_family_detected_and_built(tokens, name, expected):
 ])
 def test_another_familys_markers_written_in_a_prompt_are_read_as_prefix_and_suffix(prompt, family):
     """Continue (provider: openai) renders a FIM layout as text for a model name it does not know."""
-    assert split_literal_fim(prompt, tokenizer_with()) == ("def f(x):\n    ", "\n    return y", family)
+    assert split_literal(prompt, tokenizer_with()) == ("def f(x):\n    ", "\n    return y", family)
 
 
 def test_literal_markers_are_left_alone_when_the_model_has_them_or_they_do_not_frame_the_prompt():
     starcoder = tokenizer_with("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
-    assert split_literal_fim("<fim_prefix>a<fim_suffix>b<fim_middle>", starcoder) is None
-    assert split_literal_fim("x = '<fim_prefix>a<fim_suffix>b<fim_middle>'", tokenizer_with()) is None
-    assert split_literal_fim("<fim_prefix>a<fim_suffix>b<fim_suffix>c<fim_middle>", tokenizer_with()) is None
+    assert split_literal("<fim_prefix>a<fim_suffix>b<fim_middle>", starcoder) is None
+    assert split_literal("x = '<fim_prefix>a<fim_suffix>b<fim_middle>'", tokenizer_with()) is None
+    assert split_literal("<fim_prefix>a<fim_suffix>b<fim_suffix>c<fim_middle>", tokenizer_with()) is None
 
 
 def test_no_fim_tokens_means_prefix_only():
@@ -109,3 +104,29 @@ def test_deepseek_context_inside_the_hole_file_and_stop_ids():
     qwen = tokenizer_with(*QWEN_FIM)
     assert {qwen.id_to_token(i) for i in fim_stop_ids(qwen, detect_fim(qwen))} == {
         "<|endoftext|>", "<|im_start|>", "<|im_end|>", *QWEN_FIM}
+
+
+@pytest.mark.parametrize("vocab,name,family", [
+    (QWEN_FIM, "Qwen/Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder"),
+    (STAR_FIM, "bigcode/starcoder2-3b", "starcoder"),
+    ((), "HuggingFaceTB/SmolLM2-135M-Instruct", None),  # a chat model: no FIM tokens
+    (("▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"), "codellama/CodeLlama-7b-hf", None),  # a FIM layout we do not write
+])
+def test_the_vocabulary_and_the_model_name_find_the_same_family(vocab, name, family):
+    """One rule (api/fim.detect_fim): the server reads the vocabulary, the router and the simulator the name."""
+    by_vocab, by_name = detect_fim(tokenizer_with(*vocab)), detect_fim(model=name)
+    assert by_vocab == by_name and (by_name.name if by_name else None) == family
+
+
+def test_a_models_fim_format_reads_literal_markers_keeps_the_suffixs_first_lines_and_puts_the_hole_at_the_end():
+    """FimFormat (api/fim.py): what the server renders beyond render() itself."""
+    tok = tokenizer_with(*QWEN_FIM)
+    qwen = FimFormat(detect_fim(tok), "cursor", suffix_tokens=2, count=lambda t: len(t.split()), vocab=tok)
+    starcoder = "<fim_prefix>def f(x):\n    <fim_suffix>\n    return y\n    pass\n<fim_middle>"
+    r = qwen.render(Fill(starcoder))  # another family's markers, as text: read as prefix and suffix
+    assert r.text == "<|fim_prefix|>def f(x):\n    <|fim_suffix|>\n    return y\n<|fim_middle|>"  # 2 words kept
+    assert r.cursor == ("def f(x):\n    ", "\n    return y\n    pass\n")  # the scope reads the whole suffix
+    assert r.fim_mode == "qwen2.5-coder; the prompt's starcoder markers read as prefix and suffix"
+    files = Fill("x = ", extra=[ContextFile("a.py", "A = 1\n")])
+    assert qwen.hole_at_end(files).suffix == "" and qwen.hole_at_end(Fill("x = ")).suffix is None
+    assert FimFormat(None).hole_at_end(files).suffix is None  # no family: the prefix alone

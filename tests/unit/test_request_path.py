@@ -39,7 +39,7 @@ def post(url: str, path: str, body: dict, model: str, stream: bool, headers: dic
 @pytest.mark.parametrize("stream", [False, True])
 def test_every_protocol_s_request_is_checked_once(server, stream):
     url, app = server
-    engine, model = app.state.engine, app.state.frontend.model_name
+    engine, model = app.state.engine, app.state.served.model_name
     checked = []
     real = engine.check
 
@@ -76,7 +76,7 @@ def test_a_request_the_engine_can_never_run_is_a_400_before_any_answer(server, s
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_late_request_is_silence_counted_once(server, path, stream):
     url, app = server
-    model = app.state.frontend.model_name
+    model = app.state.served.model_name
     before = {r: counter(url, "warmpath_requests_total", f'finish_reason="{r}"') for r in ("deadline", "overloaded")}
     r = post(url, path, BODIES[path], model, stream, headers={"X-Deadline-Ms": "1"})
     assert r.status_code == 200, r.text

@@ -16,10 +16,9 @@ from server_harness import CODE, counter, running_server, total, wait_for_step
 from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 
 from warmpath.api import tabby as api
-from warmpath.api.fill import Outcome
-from warmpath.api.fim import ContextFile, repo_context
+from warmpath.api.ask import Outcome
+from warmpath.api.fim import ContextFile, detect_fim, repo_context
 from warmpath.config import EngineConfig, ServerConfig
-from warmpath.server.prompts import detect_fim
 
 SUFFIX = "\n\nprint(Point(1, 2))\n"
 DECLARATIONS = [{"filepath": "geometry/base.py", "body": "class Shape:\n    def area(self):\n        return 0\n"}]
@@ -93,12 +92,12 @@ def test_snippets_are_repository_context_in_a_stable_order(server):
 
 
 def test_what_does_not_fit_goes_first_recently_opened_then_changed_then_declarations():
-    fill = api.parse(json.dumps({"segments": segments(
+    ask = api.parse(json.dumps({"segments": segments(
         CODE, declarations=DECLARATIONS, relevant_snippets_from_changed_files=CHANGED,
         relevant_snippets_from_recently_opened_files=OPENED, git_url="https://github.com/acme/shapes.git/")}).encode())
-    # server/editors.py fit() leaves out Fill.extra from its front: Tabby's priority, reversed
-    assert [e.filename for e in fill.extra] == ["main.py", "util.py", "geometry/rect.py", "geometry/base.py"]
-    assert fill.repo == "shapes" == api.repo_name("git@github.com:acme/shapes.git") and fill.max_tokens == 64
+    # server/prompt_fitter.py fit() leaves out Fill.extra from its front: Tabby's priority, reversed
+    assert [e.filename for e in ask.fill.extra] == ["main.py", "util.py", "geometry/rect.py", "geometry/base.py"]
+    assert ask.fill.repo == "shapes" == api.repo_name("git@github.com:acme/shapes.git") and ask.max_tokens == 64
 
 
 def test_crlf_files_are_prompted_in_lf_and_answered_in_crlf(server):
@@ -107,9 +106,9 @@ def test_crlf_files_are_prompted_in_lf_and_answered_in_crlf(server):
     crlf = tabby(url, {"segments": segments(CODE.replace("\n", "\r\n"), SUFFIX.replace("\n", "\r\n"))}).json()
     assert crlf["choices"][0]["text"] == lf.replace("\n", "\r\n")  # the same prompt: the same completion
     # a random model may write no newline: the answer's own rule, on a text that has them
-    fill = api.parse(json.dumps({"segments": segments("a\r\nb", "\r\n")}).encode())
-    answer = json.loads(api.answer(fill, "cmpl-1", Outcome(text="x\ny\r\n\nz", finish="stop"), None))
-    assert fill.prefix == "a\nb" and fill.suffix == "\n" and answer["choices"][0]["text"] == "x\r\ny\r\n\r\nz"
+    ask = api.parse(json.dumps({"segments": segments("a\r\nb", "\r\n")}).encode())
+    answer = json.loads(api.answer(ask, "cmpl-1", Outcome(text="x\ny\r\n\nz", finish="stop"), None))
+    assert ask.fill.prefix == "a\nb" and ask.fill.suffix == "\n" and answer["choices"][0]["text"] == "x\r\ny\r\n\r\nz"
 
 
 def test_raw_prompt_is_completed_as_it_is(server):

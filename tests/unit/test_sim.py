@@ -358,10 +358,10 @@ def test_simulate_with_an_int8_kv_cache_holds_twice_the_blocks(capsys):
 
 
 def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
-    """A FIM model's editor request is the server's FIM prompt (api/fill.render): the suffix after the cursor is
+    """A FIM model's editor request is the server's FIM prompt (api/fim.py render): the suffix after the cursor is
     computed too, and it sits after the prefix, so keystrokes reuse less of the cache than a prefix-only prompt."""
     from warmpath.api import fim as api_fim
-    from warmpath.api.fim import fim_for_model
+    from warmpath.api.fim import detect_fim
     from warmpath.config import ServerConfig
 
     trace = make_trace("editor", 2, 60, seed=1, rate=30)
@@ -376,7 +376,7 @@ def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
         assert editor
         return sum(editor) / len(editor)
 
-    qwen = fim_for_model("qwen2.5-coder-0.5b")
+    qwen = detect_fim(model="qwen2.5-coder-0.5b")
     plain, filled, kept = run(None), run(qwen), run(qwen, 64)
     suffix_tokens = len(chunk_tokenizer("x" * trace.editor_window[1]))
     assert suffix_tokens > 200 and mean_prompt(filled) - mean_prompt(plain) > 0.5 * suffix_tokens

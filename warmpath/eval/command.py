@@ -22,8 +22,7 @@ from typing import get_args
 
 import httpx
 
-from warmpath.api.fill import Fill, render
-from warmpath.api.fim import LAYOUTS, fim_for_model
+from warmpath.api.fim import LAYOUTS, Fill, detect_fim, render
 from warmpath.api.protocol import Scope
 from warmpath.client.completion import (
     PROTOCOLS,
@@ -103,7 +102,7 @@ async def evaluate(args: argparse.Namespace) -> int:
     results: list[TaskResult] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as http:
         target.model = target.model or await discover_model(http, target)
-        template = fim_for_model(args.fim_family or target.model or "") if literal else None
+        template = detect_fim(model=args.fim_family or target.model or "") if literal else None
         if literal and template is None:
             print(f"no FIM template known for {args.fim_family or target.model!r}: pass --fim-family", file=sys.stderr)
             return 2

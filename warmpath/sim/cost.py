@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from warmpath.api.fim import FimTemplate, fim_for_model, suffix_tokens
+from warmpath.api.fim import FimTemplate, detect_fim, suffix_tokens
 from warmpath.config import ModelConfig, ServerConfig
 from warmpath.engine.scheduler import StepBatch
 from warmpath.models.footprint import kv_pool_blocks
@@ -94,7 +94,7 @@ class Profile:
     @property
     def fim(self) -> FimTemplate | None:
         """The FIM family of the profile's model (None: a paper profile, or a model without one: prefix-only)."""
-        return fim_for_model(self.model_spec or "")
+        return detect_fim(model=self.model_spec or "")
 
     @property
     def fim_suffix_tokens(self) -> int | None:

@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from warmpath.api.fill import Fill, render
-from warmpath.api.fim import FimTemplate, keep_suffix
+from warmpath.api.fim import Fill, FimFormat, FimTemplate
 from warmpath.client.editor import EditorSession
 from warmpath.client.outcome import outcome
 from warmpath.config import ClientConfig, SchedulerConfig, ServerConfig, SimConfig
@@ -191,8 +190,9 @@ class Driver:
                  sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s,
                  fim: FimTemplate | None = None, suffix_tokens: int | None = None):
         self.trace, self.backends, self.tokenize = trace, backends, tokenize
-        self.fim = fim  # the served model's FIM family: an editor request's suffix is computed as the server does
-        self.suffix_tokens = suffix_tokens  # ... its first lines only, as the server keeps them (api/fim.keep_suffix)
+        # The served model's FIM format: an editor request's prompt is computed as the server renders it, the
+        # suffix's first lines only (suffix_tokens; api/fim.keep_suffix)
+        self.fim = FimFormat(fim, ServerConfig.fim_layout, suffix_tokens, lambda text: len(tokenize(text)))
         self.client = client or ClientConfig()
         self.router, self.realtime = router, realtime
         self.sample_every_s, self.drain_s = sample_every_s, drain_s
@@ -258,11 +258,7 @@ class Driver:
         """The prompt the server computes for an editor body: with a suffix, the FIM prompt as it renders it."""
         if "suffix" not in body:
             return body["prompt"]
-        suffix = body["suffix"]
-        if self.fim is not None and self.suffix_tokens is not None and suffix:
-            suffix = keep_suffix(suffix, self.suffix_tokens, lambda text: len(self.tokenize(text)))
-        fill = Fill(prefix=body["prompt"], suffix=suffix)
-        return render(fill, self.fim, ServerConfig.fim_layout).text
+        return self.fim.render(Fill(prefix=body["prompt"], suffix=body["suffix"])).text
 
     def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,
               turn_index: int | None = None, computed: str | None = None) -> SimRecord:
