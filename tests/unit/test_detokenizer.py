@@ -4,8 +4,8 @@ cut across token boundaries without leaking a partial stop."""
 import pytest
 from tiny_model import tiny_tokenizer
 
-from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.models.tokenizer import Tokenizer
+from warmpath.server.detokenizer import IncrementalDetokenizer
 
 TEXT = "def f():\n    return 'π ≈ 3.14 🙂🚀 日本語'  # done\n"
 

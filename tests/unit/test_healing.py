@@ -7,11 +7,11 @@ from tiny_model import tiny_tokenizer
 
 from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
-from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
 from warmpath.engine.healing import Healer
 from warmpath.models.registry import load_tokenizer
 from warmpath.models.tokenizer import Tokenizer
+from warmpath.server.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -170,7 +170,7 @@ def test_logprobs_follow_the_kept_tokens(tiny_gguf):
 def test_the_counters_are_exported_by_method(tiny_gguf):
     from prometheus_client import generate_latest
 
-    from warmpath.engine.metrics import Metrics
+    from warmpath.server.metrics import Metrics
 
     llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32")
     _run(llm, REPEATING, [GREEDY] * len(REPEATING))

@@ -17,11 +17,11 @@ from warmpath.api.fim import FimTemplate
 from warmpath.api.protocol import ApiError
 from warmpath.api.responses import new_id, usage
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
-from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
-from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from warmpath.server.confidence import UNSURE, Gate
+from warmpath.server.detokenizer import IncrementalDetokenizer
+from warmpath.server.metrics import Metrics
 from warmpath.server.tenancy import Tenancy
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",

@@ -12,10 +12,10 @@ from warmpath.api.protocol import ApiError
 from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine
 from warmpath.engine.engine import Engine
-from warmpath.engine.metrics import Metrics
 from warmpath.models.registry import bundled
 from warmpath.server.jobs import JobRunner
 from warmpath.server.logprobs import LogprobFormatter
+from warmpath.server.metrics import Metrics
 from warmpath.server.prompt_fitter import PromptFitter
 from warmpath.server.tenancy import Tenancy, tenancy
 
