@@ -7,7 +7,7 @@ import re
 import pytest
 
 from warmpath.api.cutters import Chain
-from warmpath.api.scope import Scope
+from warmpath.api.scope import ScopeCutter
 from warmpath.router.healing import Respell, constraint, given_back, respelled
 from warmpath.router.nodes import Node
 from warmpath.router.scoping import body_cutter
@@ -46,7 +46,7 @@ def test_an_answer_that_writes_something_else_is_silence():
 
 def test_the_scope_cuts_what_follows_the_text_written_again():
     prefix, suffix = "    total = sum(it", ")\n    return total\n"
-    chain = Chain(Respell(given_back(prefix)), Scope(prefix, suffix))
+    chain = Chain(Respell(given_back(prefix)), ScopeCutter(prefix, suffix))
     out = chain.feed("ite") + chain.feed("ms")
     out += chain.feed(")\n    return total\n") if not chain.cut else ""
     assert out == "ems" and chain.cut

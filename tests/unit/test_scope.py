@@ -4,12 +4,12 @@ that no rule could cut."""
 
 import pytest
 
-from warmpath.api.scope import Scope, resolve
+from warmpath.api.scope import ScopeCutter, resolve
 
 
 def scoped(prefix: str, suffix: str, answer: str, scope: str = "auto", step: int = 1) -> tuple[str, str | None]:
     """The text released for `answer` fed `step` characters at a time (the model ends after it)."""
-    s, out = Scope(prefix, suffix, scope), ""
+    s, out = ScopeCutter(prefix, suffix, scope), ""
     for i in range(0, len(answer), step):
         out += s.feed(answer[i:i + step])
         if s.cut:
@@ -63,7 +63,7 @@ def test_the_statement_scope_gives_one_statement_between_statements():
     answer = "    z = y * 2\n    w = z\n    return w\n"
     assert same_in_any_pieces(prefix, suffix, answer, "statement") == ("    z = y * 2", "statement")
     assert same_in_any_pieces(prefix, suffix, answer) == (answer, None)  # auto: several lines may fill a hole
-    s = Scope(prefix, suffix, "statement")
+    s = ScopeCutter(prefix, suffix, "statement")
     assert s.feed("    z = y * 2") == "    z = y * 2" and s.feed("\n") == "" and s.cut  # ended at its newline
     prefix = "def f(xs):\n    total = 0\n"
     loop = "    for x in xs:\n        total += x\n    print(total)\n"
@@ -98,7 +98,7 @@ def test_a_blank_line_after_code_ends_the_answer_but_not_the_body_of_an_empty_bl
     answer = "    y = x + 1\n    z = y * 2\n\n    return z\n"
     inside = "def f(x):\n    w = 0\n"  # in a block with code: one group of lines
     assert same_in_any_pieces(inside, "\n    return w\n", answer) == ("    y = x + 1\n    z = y * 2", "gap")
-    s = Scope(inside, "\n")
+    s = ScopeCutter(inside, "\n")
     assert s.feed("    y = 1\n") == "    y = 1" and s.feed("\n") == "" and s.cut and s.rule == "gap"
     body = same_in_any_pieces("def f(x):\n", "\n\nprint(f(2))\n", answer + "print(1)\n")  # the whole body
     assert body == ("    y = x + 1\n    z = y * 2\n\n    return z", "dedent")
@@ -185,7 +185,7 @@ def test_scope_none_and_line_and_block_are_what_they_say():
 
 
 def test_text_streams_as_soon_as_no_rule_can_cut_it():
-    s = Scope("def total(xs):\n", "\n\nprint(total([1]))\n")
+    s = ScopeCutter("def total(xs):\n", "\n\nprint(total([1]))\n")
     assert s.feed("    tot") == "    tot"  # cannot become the suffix's line nor repeat a line: shown at once
     assert s.feed("al = 0\n") == "al = 0"  # the newline waits for the next line's indentation
     assert s.feed("    to") == ""  # may still repeat `    total = 0`: held

@@ -220,7 +220,7 @@ def test_bad_input_gets_llama_cpps_error_object(server, payload):
 
 def test_indent_cutter_holds_back_only_a_new_lines_indentation():
     from warmpath.api.cutters import Chain, IndentCutter
-    from warmpath.api.scope import Scope
+    from warmpath.api.scope import ScopeCutter
 
     c = IndentCutter(4)
     text = "x = 1\n    y = 2\n\n    z = 3\nw = 4\n"
@@ -228,6 +228,6 @@ def test_indent_cutter_holds_back_only_a_new_lines_indentation():
     assert out == "x = 1\n    y = 2\n\n    z = 3" and c.cut
     c = IndentCutter(4)
     assert c.feed("a\n  ") == "a" and c.feed("  b") == "\n    b" and not c.cut  # shown once the line is known
-    chain = Chain(IndentCutter(4), Scope("def f():\n", "    return\n"))  # the cursor before `return`
+    chain = Chain(IndentCutter(4), ScopeCutter("def f():\n", "    return\n"))  # the cursor before `return`
     assert chain.feed("    v = 1\n    return") == "    v = 1" and not chain.cut  # "    return" may go on
     assert chain.feed("\n    x") == "\n" and chain.cut and chain.rule == "suffix"

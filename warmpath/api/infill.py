@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from warmpath.api.ask import Ask, Outcome
 from warmpath.api.bodies import compact, parse_json, shaped, validation_message
 from warmpath.api.fim import ContextFile, Fill
-from warmpath.api.protocol import Scope, encodable, stop_strings
+from warmpath.api.protocol import encodable, stop_strings
+from warmpath.config import CompletionScope
 
 NAME, PATHS = "infill", ("/infill",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"  # FRAMING: how the router splits a stream into whole events
@@ -62,7 +63,7 @@ class InfillBody(BaseModel):
     cache_prompt: bool = True
     n_cmpl: int = Field(default=1, ge=1, le=16)
     model: str | None = None
-    scope: Scope | None = None  # warmpath's: where the answer ends (api/scope.py)
+    scope: CompletionScope | None = None  # warmpath's: where the answer ends (api/scope.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("input_prefix", "input_suffix", "prompt", "stop")

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from warmpath.api.ask import Ask, Outcome
 from warmpath.api.bodies import compact, parse_json, shaped, validation_message
 from warmpath.api.fim import Fill
-from warmpath.api.protocol import Scope, encodable, stop_strings
+from warmpath.api.protocol import encodable, stop_strings
+from warmpath.config import CompletionScope
 
 NAME, PATHS = "mistral", ("/v1/fim/completions",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"
@@ -36,7 +37,7 @@ class FimBody(BaseModel):
     random_seed: int | None = Field(default=None, ge=0, lt=2**63)
     stream: bool = False
     prompt_cache_key: str | None = Field(default=None, max_length=256)
-    scope: Scope | None = None  # warmpath's: where the answer ends (api/scope.py)
+    scope: CompletionScope | None = None  # warmpath's: where the answer ends (api/scope.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("prompt", "suffix", "stop")

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from warmpath.api.ask import Ask, Outcome
 from warmpath.api.bodies import compact, parse_json, shaped, validation_message
 from warmpath.api.fim import Fill
-from warmpath.api.protocol import Scope, encodable, stop_strings
+from warmpath.api.protocol import encodable, stop_strings
+from warmpath.config import CompletionScope
 
 NAME, PATHS = "ollama", ("/api/generate",)
 STREAM_MEDIA, FRAMING = "application/x-ndjson", "ndjson"
@@ -53,7 +54,7 @@ class GenerateBody(BaseModel):
     raw: bool = False
     stream: bool = True
     options: Options = Field(default_factory=Options)
-    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
+    scope: CompletionScope | None = None  # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("prompt", "suffix", "system")

@@ -18,7 +18,6 @@ from warmpath.api.fim import ContextFile, Fill
 from warmpath.config import CompletionScope
 
 MAX_LOGPROBS = 20  # the engine's bound (engine/request.py), which this layer does not import
-Scope = CompletionScope  # where a FIM answer ends (api/scope.py)
 
 # Parameter -> its neutral values: what clients send when they do not mean to use it.
 UNSUPPORTED = {
@@ -150,7 +149,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False  # the prompt's text before the completion's
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token
-    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends; None: the server's default
+    scope: CompletionScope | None = None  # warmpath's: where a FIM answer ends; None: the server's default
     # warmpath's: a fill-in-the-middle answer less sure than this is silence (server/confidence.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 

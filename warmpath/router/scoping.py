@@ -19,7 +19,7 @@ from warmpath.api import responses as shapes
 from warmpath.api.ask import Ask
 from warmpath.api.cutters import Chain, IndentCutter
 from warmpath.api.fim import Fill, detect_fim, render
-from warmpath.api.scope import SCOPES, Scope
+from warmpath.api.scope import SCOPES, ScopeCutter
 from warmpath.router.healing import CLIENT_CONSTRAINTS, Respell, given_back
 from warmpath.router.translate import openai_chunks
 
@@ -54,7 +54,7 @@ def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0, heal: 
     if scope == "none" and not n_indent and not text:
         return None
     return Chain(Respell(text) if text else None, IndentCutter(n_indent) if n_indent else None,
-                 Scope(*cursor, scope) if scope != "none" else None)
+                 ScopeCutter(*cursor, scope) if scope != "none" else None)
 
 
 def without_scope(body: dict) -> dict:

@@ -19,7 +19,7 @@ from warmpath.api.cutters import Chain, IndentCutter
 from warmpath.api.fim import Rendered
 from warmpath.api.protocol import ApiError
 from warmpath.api.responses import SSE_HEADERS
-from warmpath.api.scope import Scope
+from warmpath.api.scope import ScopeCutter
 from warmpath.engine.async_engine import EngineDeadError
 from warmpath.server.answers import Answers
 from warmpath.server.confidence import Gate
@@ -115,7 +115,7 @@ class Pipeline:
             job.params.stop_token_ids = sorted({*job.params.stop_token_ids, *s.fim_stop_ids})
             job.stop = [*job.stop, *(t for t in r.stops if t not in job.stop)]
         scope = ask.scope or s.config.completion_scope
-        cut = Scope(*r.cursor, scope) if r.cursor is not None and scope != "none" else None
+        cut = ScopeCutter(*r.cursor, scope) if r.cursor is not None and scope != "none" else None
         if cut is not None or ask.n_indent:
             job.cutter = Chain(IndentCutter(ask.n_indent) if ask.n_indent else None, cut)
         if r.cursor is not None:  # its tokens' log-probabilities are computed for the gate
