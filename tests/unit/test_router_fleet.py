@@ -12,7 +12,7 @@ import httpx
 import pytest
 from server_harness import CODE, counter, running_app, running_server, wait_for_step
 
-from warmpath.api.scope import Scope
+from warmpath.api.scope import ScopeCutter
 from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 
@@ -185,7 +185,7 @@ def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_rou
     prefix, suffix = "def add(a,", " b):\n    return a + b\n"  # mid-line: the rest of the line
     raw = httpx.post(f"{url}/v1/completions", json={"prompt": prefix, "max_tokens": 48, "temperature": 0},
                      timeout=60).json()["choices"][0]["text"]  # the plain prompt the router renders (no FIM tokens)
-    scope = Scope(prefix, suffix)
+    scope = ScopeCutter(prefix, suffix)
     want = scope.feed(raw)
     assert scope.cut and want != raw
     # the node would write on far past the cut, so each cut below ends a node request still running (a short

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from server_harness import CODE, total
 
-from warmpath.api.scope import Scope
+from warmpath.api.scope import ScopeCutter
 
 # Cursors mid-line (line scope: the tiny model's text after these prefixes holds a newline) and at a line's end
 # (block scope), with code after them. The tiny model has no FIM tokens: prefix-only, the suffix cut by the scope.
@@ -36,7 +36,7 @@ def test_every_fim_answer_is_the_whole_answer_cut_by_the_scope(server):
     cut = 0
     for prefix, suffix in HOLES:
         whole = openai(url, prefix, suffix, scope="none")
-        scope = Scope(prefix, suffix)
+        scope = ScopeCutter(prefix, suffix)
         want = scope.feed(whole["choices"][0]["text"])
         want += "" if scope.cut else scope.feed("", final=True)
         got = openai(url, prefix, suffix)
