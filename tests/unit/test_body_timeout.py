@@ -9,8 +9,8 @@ import time
 
 import httpx
 import pytest
+from bad_requests import closed_or_answered, connect
 from server_harness import running_app, running_server
-from test_server_hardening import _closed_or_answered, _connect
 
 from warmpath.config import RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
@@ -30,11 +30,11 @@ def target(via: str, server_config):
 @pytest.mark.parametrize("via", ["serve", "route"])
 def test_a_body_that_stalls_is_answered_408_and_closed(server_config, via):
     with target(via, server_config) as url:
-        with _connect(url) as s:
+        with connect(url) as s:
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "x')  # 13 of the 1,000 bytes announced
             t = time.monotonic()
-            answer = _closed_or_answered(s, 10.0)
+            answer = closed_or_answered(s, 10.0)
             waited = time.monotonic() - t
         assert answer is not None and answer.startswith(b"HTTP/1.1 408"), answer  # answered, then closed
         assert 0.8 < waited < 5.0, waited

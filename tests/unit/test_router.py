@@ -10,6 +10,7 @@ import signal
 
 import httpx
 import pytest
+from bad_requests import BAD
 from server_harness import (
     CODE,
     counter,
@@ -24,7 +25,6 @@ from server_harness import (
 from server_harness import (
     running_router as router,
 )
-from test_server import BAD
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app

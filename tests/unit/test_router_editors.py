@@ -13,10 +13,10 @@ import json
 import httpx
 import ollama
 import pytest
+from llama_vim import EXTRA, FILE, LINES, VIM_ACCEPTS, vim_fim
 from mistralai.client import Mistral
 from server_harness import CODE, counter, free_port, running_app, running_server, wait_for_step
 from server_harness import running_router as router
-from test_server_infill import EXTRA, FILE, LINES, VIM_ACCEPTS, vim_fim
 
 from warmpath.config import EngineConfig, RouterConfig, SchedulerConfig
 from warmpath.router.app import create_router_app

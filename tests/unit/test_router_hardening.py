@@ -10,10 +10,10 @@ import time
 
 import httpx
 import pytest
+from bad_requests import LONE, MALFORMED, chunked_upload, closed_or_answered, connect, is_openai_error, raw_request
 from server_harness import CODE, counter, running_server, serve_process, stream_then_signal, total
 from server_harness import running_router as router
 from test_router import complete, session_homed_on
-from test_server_hardening import chunked_upload, raw_request
 
 from warmpath.config import ServerConfig
 
@@ -95,8 +95,6 @@ def test_header_bytes_that_are_not_utf8_never_get_a_500(keyed_node):
 
 
 def test_unencodable_text_is_the_nodes_400_and_never_a_failover(fleet2):
-    from test_server_hardening import LONE
-
     with router(fleet2, policy="round-robin") as (rurl, _):
         for temperature in (0, 1):
             for path, body in (("/v1/completions", {"prompt": LONE, "user": LONE}),
@@ -148,13 +146,11 @@ def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(t
 
 
 def test_the_router_cuts_off_slow_connections_and_answers_protocol_errors(fleet2):
-    from test_server_hardening import _closed_or_answered, _connect
-
     with router(fleet2, header_timeout=1.0, max_connections=4) as (rurl, _):
-        slow = [_connect(rurl) for _ in range(6)]
+        slow = [connect(rurl) for _ in range(6)]
         for s in slow:
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-        answers = [_closed_or_answered(s, 5.0) for s in slow]
+        answers = [closed_or_answered(s, 5.0) for s in slow]
         assert None not in answers and all(a[:12] in (b"HTTP/1.1 408", b"HTTP/1.1 503") for a in answers)
         for s in slow:
             s.close()
@@ -165,14 +161,13 @@ def test_the_router_cuts_off_slow_connections_and_answers_protocol_errors(fleet2
 
 def test_errors_and_models_retrieve_through_the_router(fleet2):
     import openai
-    from test_server_hardening import MALFORMED, _is_openai_error
 
     with router(fleet2) as (rurl, _):
         for method, path, body, status in MALFORMED:
             r = httpx.request(method, rurl + path, content=body, headers={"Content-Type": "application/json"})
-            _is_openai_error(r, status)
+            is_openai_error(r, status)
         r = httpx.post(f"{rurl}/v1/completions", json={"prompt": "x", "best_of": 3})
-        assert _is_openai_error(r, 400)["param"] == "best_of"  # the node's refusal, relayed
+        assert is_openai_error(r, 400)["param"] == "best_of"  # the node's refusal, relayed
         c = openai.OpenAI(base_url=f"{rurl}/v1", api_key="unused", max_retries=0)
         name = c.models.list().data[0].id
         assert c.models.retrieve(name).id == name

@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from bad_requests import BAD
 from server_harness import CODE, running_server, wait_for_step
 
 from warmpath import LLM, SamplingParams
@@ -173,25 +174,6 @@ def test_an_overloaded_refusal_warms_its_sessions_prompt(server):
     again = httpx.post(f"{url}/v1/completions", timeout=60, json={**mine, "max_tokens": 1, "temperature": 0}).json()
     prompt_tokens = again["usage"]["prompt_tokens"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens // 16 * 16 - 16 > 0
-
-
-BAD = [
-    (b"{not json", 400), (b"[1, 2]", 400), (b'"a string"', 400),
-    (json.dumps({"prompt": ""}).encode(), 400),
-    (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400),
-    (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), 400),
-    (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400),
-    (b'{"prompt": "x", "temperature": NaN}', 400),
-    (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400),
-    (json.dumps({"prompt": "x", "top_p": 1.5}).encode(), 400),
-    (json.dumps({"prompt": "x", "n": 2}).encode(), 400),
-    (json.dumps({"prompt": "x", "model": "gpt-5"}).encode(), 404),
-    (json.dumps({"prompt": "x", "max_tokens": 9000}).encode(), 400),
-    (json.dumps({"prompt": [10**9]}).encode(), 400),
-    (json.dumps({"prompt": ["a", "b"]}).encode(), 400),
-    (json.dumps({"prompt": "x", "stop": [""]}).encode(), 400),
-    (json.dumps({"max_tokens": 3}).encode(), 400),
-]
 
 
 @pytest.mark.parametrize("payload,status", BAD)

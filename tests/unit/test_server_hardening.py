@@ -6,57 +6,16 @@ import asyncio
 import concurrent.futures
 import http.client
 import json
-import select
-import socket
 import threading
 import time
 
 import httpx
 import pytest
+from bad_requests import LONE, MALFORMED, chunked_upload, closed_or_answered, connect, is_openai_error, raw_request
 from server_harness import CODE, running_server
 
 from warmpath.config import ServerConfig
 from warmpath.engine.step_cost import StepCost
-
-
-def _connect(url: str, timeout: float = 30) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=timeout)
-
-
-def raw_request(url: str, method: bytes, path: bytes, body: bytes, headers: list[bytes]) -> tuple[int, bytes]:
-    """One request with header bytes exactly as given (httpx would refuse to send some of them)."""
-    with _connect(url) as s:
-        head = [method + b" " + path + b" HTTP/1.1", b"Host: x", b"Content-Type: application/json",
-                b"Content-Length: %d" % len(body), *headers]
-        s.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        resp = http.client.HTTPResponse(s)
-        resp.begin()
-        return resp.status, resp.read()
-
-
-def chunked_upload(url: str, limit: int, headers: dict[str, str]) -> tuple[int, bytes, int]:
-    """A chunked body of up to 4 x `limit` bytes sent 64 KB at a time, stopping as soon as an answer comes:
-    (status, body, bytes sent by then)."""
-    with _connect(url) as s:
-        head = [b"POST /v1/completions HTTP/1.1", b"Host: x", b"Content-Type: application/json",
-                b"Transfer-Encoding: chunked", *(f"{k}: {v}".encode() for k, v in headers.items())]
-        s.sendall(b"\r\n".join(head) + b"\r\n\r\n")
-        sent, piece = 0, b"x" * (64 << 10)
-        try:
-            for i in range(4 * limit // len(piece)):
-                data = (b'{"prompt": "' if i == 0 else b"") + piece
-                s.sendall(b"%x\r\n%s\r\n" % (len(data), data))
-                sent += len(data)
-                if select.select([s], [], [], 0.01)[0]:
-                    break
-            else:
-                s.sendall(b'2\r\n"}\r\n0\r\n\r\n')
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        resp = http.client.HTTPResponse(s)
-        resp.begin()
-        return resp.status, resp.read(), sent
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +45,6 @@ def test_header_bytes_that_are_not_utf8_never_get_a_500(keyed):
     assert status == 200
     status, body = raw_request(url, b"POST", b"/v1/completions", payload, [b"Authorization: Bearer \xff"])
     assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
-
-
-LONE = "def f():\n    return '\ud800'\n"  # a lone UTF-16 surrogate, which JSON can carry and no tokenizer can encode
 
 
 @pytest.mark.parametrize("path,body,param", [
@@ -242,28 +198,14 @@ def test_a_burst_of_doomed_requests_is_refused_at_once(server):
     assert not async_engine._queued
 
 
-def _closed_or_answered(s: socket.socket, within: float) -> bytes | None:
-    """What the server sends before closing (b"" for a bare close), or None if it still holds the connection."""
-    s.settimeout(within)
-    data = b""
-    try:
-        while chunk := s.recv(65536):
-            data += chunk
-    except TimeoutError:
-        return None
-    except ConnectionResetError:
-        pass
-    return data
-
-
 def test_slow_and_too_many_connections_are_cut_off(server_config):
     limits = ServerConfig(header_timeout=1.0, max_connections=16)
     with running_server(server_config, limits) as (url, _):
-        slow = [_connect(url) for _ in range(24)]  # slowloris: headers begun, never finished
+        slow = [connect(url) for _ in range(24)]  # slowloris: headers begun, never finished
         for s in slow:
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
         t = time.monotonic()
-        answers = [_closed_or_answered(s, 5.0) for s in slow]
+        answers = [closed_or_answered(s, 5.0) for s in slow]
         assert time.monotonic() - t < 4.0 and None not in answers  # none held past the bound
         refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
         late = [a for a in answers if a.startswith(b"HTTP/1.1 408")]
@@ -272,13 +214,13 @@ def test_slow_and_too_many_connections_are_cut_off(server_config):
         for s in slow:
             s.close()
         # a client that sends a byte after its first answer is cut off too (uvicorn's keep-alive timer stops)
-        with _connect(url) as s:
+        with connect(url) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             resp = http.client.HTTPResponse(s)
             resp.begin()
             assert resp.status == 200 and resp.read()
             s.sendall(b"G")
-            assert _closed_or_answered(s, 5.0).startswith(b"HTTP/1.1 408")
+            assert closed_or_answered(s, 5.0).startswith(b"HTTP/1.1 408")
         assert httpx.get(f"{url}/health").status_code == 200
 
 
@@ -286,31 +228,17 @@ def test_protocol_errors_answer_the_openai_error_object(server):
     url, _ = server
     for request, status in ((b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n", 431),
                             (b"NOT HTTP AT ALL\r\n\r\n", 400)):
-        with _connect(url) as s:
+        with connect(url) as s:
             s.sendall(request)
             resp = http.client.HTTPResponse(s)
             resp.begin()
             assert resp.status == status and set(json.loads(resp.read())["error"]) >= {"message", "type"}
 
 
-def _is_openai_error(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, (r.status_code, r.text)
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
-
-
-MALFORMED = [  # (method, path, body): answered by the framework before any route, in the OpenAI shape too
-    ("GET", "/v1/nothing-here", None, 404), ("DELETE", "/v1/completions", None, 405),
-    ("POST", "/v1/completions", b"[" * 50_000 + b"]" * 50_000, 400),
-    ("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400),
-]
-
-
 @pytest.mark.parametrize("method,path,body,status", MALFORMED)
 def test_framework_errors_are_openai_errors(server, method, path, body, status):
     url, _ = server
-    _is_openai_error(httpx.request(method, url + path, content=body, headers={"Content-Type": "application/json"}),
+    is_openai_error(httpx.request(method, url + path, content=body, headers={"Content-Type": "application/json"}),
                      status)
 
 
@@ -326,7 +254,7 @@ def test_framework_errors_are_openai_errors(server, method, path, body, status):
 ])
 def test_strict_types_and_unimplemented_parameters_are_refused_by_name(server, body, param):
     url, _ = server
-    assert _is_openai_error(httpx.post(f"{url}/v1/completions", json=body), 400)["param"] == param
+    assert is_openai_error(httpx.post(f"{url}/v1/completions", json=body), 400)["param"] == param
 
 
 def test_neutral_values_of_unimplemented_parameters_pass(server):
@@ -338,7 +266,7 @@ def test_neutral_values_of_unimplemented_parameters_pass(server):
     for extra, param in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                          ({"tool_choice": "auto"}, "tool_choice"), ({"top_logprobs": 2}, "top_logprobs")):
         r = httpx.post(f"{url}/v1/chat/completions", json={**chat, **extra})
-        assert _is_openai_error(r, 400)["param"] == param
+        assert is_openai_error(r, 400)["param"] == param
 
 
 def test_completion_logprobs_echo_and_streaming_agree(server):

@@ -10,9 +10,9 @@ import time
 
 import httpx
 import pytest
+from bad_requests import raw_request
 from server_harness import CODE, running_app, running_server, wait_for_step
 from server_harness import running_router as router
-from test_server_hardening import raw_request
 
 from warmpath.config import RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app

@@ -15,10 +15,10 @@ import time
 
 import httpx
 import pytest
+from bad_requests import closed_or_answered, connect
 from server_harness import CODE, counter, running_server, wait_for_step
 from server_harness import running_router as router
 from test_router import session_homed_on
-from test_server_hardening import _closed_or_answered, _connect
 
 from warmpath.config import ServerConfig
 
@@ -109,12 +109,12 @@ def _get(s) -> int:
 @pytest.mark.parametrize("via", ["serve", "route"])
 def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(server_config, nodes, via):
     with target(via, server_config, nodes) as url:
-        with _connect(url) as s:
+        with connect(url) as s:
             assert _get(s) == 200
             time.sleep(0.3)
             assert _get(s) == 200  # kept alive: the next request on the same connection, within the bound
             t = time.monotonic()
-            closed = _closed_or_answered(s, 10.0)
+            closed = closed_or_answered(s, 10.0)
             waited = time.monotonic() - t
         assert closed == b"", closed  # closed without a word (no 408: that is the header timeout's)
         assert 0.7 < waited < 3.0, waited  # uvicorn's own default would be 5 s
