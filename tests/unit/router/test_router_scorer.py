@@ -48,7 +48,7 @@ warmpath_prefix_cache_hit_tokens_total 900.0
         read_load(ENGINES["warmpath"], "warmpath_num_requests_running three")
 
 
-DATA = Path(__file__).parents[1] / "data" / "engines"
+DATA = Path(__file__).parents[2] / "data" / "engines"
 
 
 @pytest.mark.parametrize(("kind", "name", "running", "waiting", "kv", "queried", "hit"), [

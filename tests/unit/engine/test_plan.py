@@ -26,7 +26,7 @@ from warmpath.engine.plan import (
     single,
 )
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 SPR = json.loads((DATA / "plan_timings_spr.json").read_text())["backends"]
 EMR = json.loads((DATA / "plan_timings_emr.json").read_text())["backends"]  # AVX512-BF16, no AMX
 ZEN5 = json.loads((DATA / "plan_timings_zen5_qwen05.json").read_text())["backends"]  # AVX512-BF16, no AMX, AMD

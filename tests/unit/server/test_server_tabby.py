@@ -187,7 +187,7 @@ def test_health_server_setting_and_events(server):
 def qwen_coder(tmp_path_factory):
     """A tiny model with Qwen2.5-Coder's FIM and repo-level tokens (never emitted: their head rows are zero); the
     plain (cursor) FIM layout, so the prompt is the one a token-id request can repeat (the default anchored layout
-    heals its last token: tests/unit/test_fim_serve.py)."""
+    heals its last token: tests/unit/server/test_fim_serve.py)."""
     def quiet(w, tokens):
         for t in QWEN_VOCAB.tokens()[1]:
             w["lm_head.weight"][tokens.index(t)] = 0

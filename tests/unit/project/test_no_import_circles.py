@@ -5,7 +5,7 @@ they use, the packed layout (layout.h) first, none reaching back to one that inc
 import re
 from pathlib import Path
 
-CPU = Path(__file__).resolve().parents[2] / "warmpath" / "kernels" / "cpu"
+CPU = Path(__file__).resolve().parents[3] / "warmpath" / "kernels" / "cpu"
 
 
 def includes() -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ import pytest
 
 from warmpath.cpu import cpu_flags, cpu_label, cpu_name
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 def cpuinfo_text(name: str, family: int, model: int, flags: list[str]) -> str:

@@ -27,7 +27,7 @@ from warmpath.config import EngineConfig, ServerConfig
 from warmpath.engine.plan import BackendPlan
 from warmpath.engine.plan_timing import prompt_speed, prompt_speed_path
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 WORDS = lambda text: len(text.split()) + 1  # noqa: E731  (a token per word and one per line)
 SUFFIX = "x)\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n\n\nprint(add(1, 2))\n"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "warmpath"
+PACKAGE = Path(__file__).resolve().parents[3] / "warmpath"
 
 
 @pytest.mark.parametrize("module", ["warmpath.sim", "warmpath.router", "warmpath.client", "warmpath.bench",

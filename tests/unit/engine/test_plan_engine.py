@@ -16,7 +16,7 @@ from warmpath.engine.plan import choose
 from warmpath.engine.runner import SeqInput
 from warmpath.models.loader import load_checkpoint
 
-SPR = json.loads((Path(__file__).parents[1] / "data" / "plan_timings_spr.json").read_text())["backends"]
+SPR = json.loads((Path(__file__).parents[2] / "data" / "plan_timings_spr.json").read_text())["backends"]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 

@@ -77,7 +77,7 @@ def test_a_busy_machine_is_told_from_a_quiet_one():
     assert others_share(10, 10, 100.0, 100.0, cores=2) == pytest.approx(0.5)
 
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 RECORDED = {name: json.loads((DATA / f"plan_timings_{name}.json").read_text())["backends"]
             for name in ("spr", "emr", "epyc_qwen05", "zen5_qwen05")}
 SMOLLM2 = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, max_position_embeddings=8192,
