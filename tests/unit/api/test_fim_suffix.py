@@ -84,6 +84,7 @@ def complete(url, **body) -> dict:
     return r.json()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("setting", ["24", "all"])
 def test_the_server_keeps_the_suffix_lines_that_fit_and_caches_them_along_the_file(qwen_model, setting):
     """Through `warmpath serve`: the prompt is the anchored layout of the prefix and the suffix's lines that fit
@@ -109,6 +110,7 @@ def test_the_server_keeps_the_suffix_lines_that_fit_and_caches_them_along_the_fi
         assert typed["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(before_middle) // 16 * 16
 
 
+@pytest.mark.server
 def test_auto_is_the_measured_speeds_budget(qwen_model):
     config = EngineConfig(model=str(qwen_model), dtype="float32", num_kv_blocks=256)
     with running_server(config, ServerConfig(fim_suffix_tokens="auto")) as (url, app):

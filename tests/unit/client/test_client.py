@@ -17,6 +17,8 @@ from warmpath.client import CANCELLED, COMPLETED, DROPPED, SHOWN, ClientConfig, 
 from warmpath.client.completion import RequestRecord, discover_model, monotonic_clock, stream_completion
 from warmpath.workloads import AgentParams, agent_trace
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def server_kv_blocks() -> int:  # the `server` fixture (conftest.py) with a larger pool for this module
@@ -149,6 +151,7 @@ def test_agent_turns_replay_closed_loop_with_warm_prefixes(server):
     assert sum(r.cached_tokens or 0 for r in agents) > 0.5 * sum(r.prompt_tokens for r in agents[2:])
 
 
+@pytest.mark.slow
 def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
     url, _ = server
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
@@ -173,6 +176,7 @@ def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["infill", "mistral", "ollama", "tabby"])
 def test_bench_replays_the_same_trace_through_each_editor_protocol(server, tmp_path, protocol):
     """llama.vim's, Mistral's, Ollama's and Tabby's protocols for the same editor traffic: suggestions shown, the

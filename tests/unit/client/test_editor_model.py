@@ -111,6 +111,7 @@ def simulated(tr: Trace) -> list[str]:
     return [r.outcome for r in driver.records.values()]
 
 
+@pytest.mark.server
 def test_the_asyncio_client_and_the_simulator_give_the_same_outcome_to_every_request():
     tr = trace()
     assert editor_document(tr, tr.events[1])[0] == TEXT[:101]  # the prompt the script answers

@@ -61,6 +61,7 @@ def direct(url: str, prompt: str, suffix: str = "", max_tokens: int = 8) -> str:
     return httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
 
+@pytest.mark.server
 def test_inline_completion_and_completion_give_the_servers_text_after_incremental_edits(server):
     url, _ = server
 
@@ -94,6 +95,7 @@ async def running_alone(url: str, aborted_before: float, stale: int) -> None:
     raise AssertionError(f"the request after {stale} stale ones never ran alone on the server")
 
 
+@pytest.mark.server
 def test_a_keystroke_burst_yields_one_completion_and_the_stale_ones_abort_on_the_server(server):
     url, _ = server
     aborted, ended = counter(url, "warmpath_requests_aborted_total", 'reason="client"'), \
@@ -123,6 +125,7 @@ def test_a_keystroke_burst_yields_one_completion_and_the_stale_ones_abort_on_the
     assert stale >= 3 and finished == 2  # the burst's last request, and the direct one
 
 
+@pytest.mark.server
 def test_cancel_request_aborts_the_request_on_the_server(server):
     url, _ = server
     before = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
@@ -144,6 +147,7 @@ def test_cancel_request_aborts_the_request_on_the_server(server):
     assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') >= before + 1
 
 
+@pytest.mark.server
 def test_past_the_deadline_the_answer_is_empty_not_an_error(server):
     url, _ = server
 
@@ -157,6 +161,7 @@ def test_past_the_deadline_the_answer_is_empty_not_an_error(server):
     assert not asyncio.run(run()).items
 
 
+@pytest.mark.server
 def test_the_other_open_documents_go_along_as_repository_context(server):
     url, _ = server
     helper = "def helper(x):\n    return x * 2\n" * 30
@@ -175,6 +180,7 @@ def test_the_other_open_documents_go_along_as_repository_context(server):
     assert with_other > alone + 200  # util.py's ~300 tokens came along
 
 
+@pytest.mark.server
 def test_open_documents_named_like_secrets_stay_out_of_the_context_unless_asked(server):
     """A `.env` open beside the code is not sent with every keystroke; `contextSecrets: true` sends it."""
     url, _ = server

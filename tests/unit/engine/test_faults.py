@@ -26,6 +26,8 @@ from tiny_model import write_tiny_gguf
 from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.kernels import build
 
+pytestmark = pytest.mark.server
+
 BLOCK = 16  # tokens per KV block: the servers' default
 # Small steps: a prompt of ~2,500 tokens takes ~40 of them, so a kill lands while its blocks are being written.
 ARGS = ("--num-threads", "1", "--num-kv-blocks", "1024", "--max-num-batched-tokens", "64")
@@ -173,6 +175,7 @@ def kill_while_writing(server: ServeProcess, tier: Path, prompt: str, moment: in
     return Killed(prompt, blocks_on_disk(tier) - before)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_write_costs_the_cut_write_only(model, kernel, prompts, tmp_path):
     """SIGKILL while the plan is measured, while a prompt's blocks are written (the first; dozens), and while its
     answer streams: every restart on the same $WARMPATH_HOME and tier starts, finds each block that reached the

@@ -25,6 +25,7 @@ def long_gguf(tmp_path_factory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("plan") / "long.gguf", max_position_embeddings=8192)[0]
 
 
+@pytest.mark.slow
 def test_a_saved_plan_is_reused_and_remeasured_when_the_cpu_model_or_code_changes(long_gguf, tmp_path,
                                                                                   monkeypatch):
     monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))

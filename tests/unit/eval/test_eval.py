@@ -53,6 +53,7 @@ def test_a_hanging_program_is_stopped():
     assert not passes("while True:\n    pass\n", timeout_s=1.0)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("protocol", [["--protocol", "openai"], ["--protocol", "infill"],
                                       ["--protocol", "fim-prompt", "--fim-family", "qwen2.5-coder"],
                                       ["--protocol", "infill", "--insert", "whole", "--scope", "none"]])

@@ -84,6 +84,8 @@ def test_continue_and_zed_insert_what_their_filters_keep():
         suffix.startswith("\nb")
 
 
+@pytest.mark.slow
+@pytest.mark.server
 def test_the_suite_runs_end_to_end_against_a_server_for_every_client(server, holes, tmp_path):
     url, _ = server
     some = repo.spread([h for h in holes if not h.slice], 5) + [h for h in holes if h.slice][:2]

@@ -15,6 +15,8 @@ from warmpath.kernels.packed_cache import cache_path
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.loader import load_checkpoint
 
+pytestmark = pytest.mark.slow
+
 
 class Untouchable(Mapping):
     """Blocks that must not be read: the packing comes from the cache."""

@@ -49,6 +49,7 @@ def session_homed_on(node: str, nodes: list[str], prefix: str = "dev") -> str:
     return next(f"{prefix}-{i}" for i in range(10_000) if ring.home(f"{prefix}-{i}") == node)
 
 
+@pytest.mark.server
 def test_a_session_stays_on_its_node_and_hits_its_prefix_cache(fleet):
     urls = list(fleet)
     with router(urls, policy="session") as (rurl, _):
@@ -67,12 +68,14 @@ def test_a_session_stays_on_its_node_and_hits_its_prefix_cache(fleet):
         assert decisions == 12
 
 
+@pytest.mark.server
 def test_round_robin_spreads_a_session_over_every_node(fleet):
     with router(fleet, policy="round-robin") as (rurl, _):
         seen = {complete(rurl, CODE, "erin").headers["x-warmpath-node"] for _ in range(3)}
         assert seen == set(fleet)
 
 
+@pytest.mark.server
 def test_streams_through_the_router_are_the_nodes_bytes(fleet):
     node = next(iter(fleet))
     body = {"prompt": CODE * 3, "max_tokens": 12, "temperature": 0, "stream": True, "seed": 1}
@@ -88,6 +91,7 @@ def test_streams_through_the_router_are_the_nodes_bytes(fleet):
     assert texts(routed) == texts(direct) and texts(direct)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("payload,status", BAD)
 def test_bad_input_gets_exactly_the_nodes_error(fleet, payload, status):
     node = next(iter(fleet))
@@ -99,6 +103,7 @@ def test_bad_input_gets_exactly_the_nodes_error(fleet, payload, status):
     assert routed.json() == direct.json()
 
 
+@pytest.mark.server
 def test_auth_body_limit_and_bad_headers_as_on_a_node(fleet):
     node = next(iter(fleet))
     with router([node], api_key="sekret", upstream_api_key=None) as (rurl, _):
@@ -123,6 +128,7 @@ def test_auth_body_limit_and_bad_headers_as_on_a_node(fleet):
         assert r1.status_code == r2.status_code == 400 and r1.json() == r2.json()
 
 
+@pytest.mark.server
 def test_a_node_that_refuses_fails_over_before_the_first_byte(fleet, tiny_long_dir):
     cfg = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=256)
     with contextlib.ExitStack() as stack:
@@ -145,6 +151,7 @@ def test_a_node_that_refuses_fails_over_before_the_first_byte(fleet, tiny_long_d
                 assert complete(rurl, "x", key).headers["x-warmpath-node"] == HashRing(urls).home(key)
 
 
+@pytest.mark.server
 def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(tiny_long_dir, fleet):
     with serve_process("--model", str(tiny_long_dir), "--dtype", "float32", "--num-kv-blocks", "512",
                        "--num-threads", "1") as (node, proc):
@@ -160,6 +167,7 @@ def test_a_node_dying_mid_stream_ends_the_stream_with_an_error_event(tiny_long_d
             assert r.status_code == 200 and r.headers["x-warmpath-node"] in fleet
 
 
+@pytest.mark.server
 def test_client_disconnect_and_deadline_reach_the_node(fleet):
     url, app = next(iter(fleet.items()))
     with router([url]) as (rurl, _):
@@ -189,6 +197,7 @@ def test_client_disconnect_and_deadline_reach_the_node(fleet):
         wait_for_step(app, lambda e: not e.requests)
 
 
+@pytest.mark.server
 def test_a_request_cancelled_before_its_first_token_stops_the_node_at_once(fleet):
     """A newer keystroke closes the stream while the node is still prefilling: the router must pass that on
     then, not when the first token would have come."""
@@ -215,6 +224,7 @@ def test_a_request_cancelled_before_its_first_token_stops_the_node_at_once(fleet
         assert [n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"]] == [0]
 
 
+@pytest.mark.server
 def test_drain_stops_new_requests_while_streams_finish(fleet):
     urls = list(fleet)
     with router(urls, policy="session", admin_key="adm") as (rurl, _):
@@ -242,6 +252,7 @@ def test_drain_stops_new_requests_while_streams_finish(fleet):
         assert httpx.get(f"{rurl}/admin/nodes").status_code == 403  # no admin key configured: off
 
 
+@pytest.mark.server
 def test_response_cache_serves_repeats_without_a_node(fleet):
     urls = list(fleet)
     with router(urls) as (rurl, _):
@@ -258,6 +269,7 @@ def test_response_cache_serves_repeats_without_a_node(fleet):
         assert counter(rurl, "warmpath_router_cache_requests_total", 'result="hit"') == 2
 
 
+@pytest.mark.server
 def test_tiers_send_line_completions_to_the_small_model(fleet):
     small, *large = list(fleet)
     cfg = RouterConfig(tier=[f"small={small}", f"large={','.join(large)}"], health_interval=0.2)
@@ -277,6 +289,7 @@ def test_tiers_send_line_completions_to_the_small_model(fleet):
         assert counter(rurl, "warmpath_router_tier_requests_total", 'kind="multi",tier="large"') == 2
 
 
+@pytest.mark.server
 def test_health_reflects_the_nodes_and_no_node_is_an_error(fleet):
     closed = f"http://127.0.0.1:{free_port()}"
     with router([closed]) as (rurl, _):

@@ -22,6 +22,8 @@ from warmpath.config import EngineConfig, RouterConfig, SchedulerConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.hashing import HashRing
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def fleet(tiny_long_dir):

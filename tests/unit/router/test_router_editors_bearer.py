@@ -13,6 +13,8 @@ from test_router_editors import fleet, router  # noqa: F401 (three tiny nodes; a
 
 from warmpath.router.hashing import HashRing
 
+pytestmark = pytest.mark.server
+
 SUFFIX = "\n\nprint(add(1, 2))\n"
 
 

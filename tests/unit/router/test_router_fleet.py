@@ -16,6 +16,8 @@ from warmpath.api.scope import ScopeCutter
 from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def fleet(server_config):

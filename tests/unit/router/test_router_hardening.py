@@ -17,6 +17,8 @@ from test_router import complete, session_homed_on
 
 from warmpath.config import ServerConfig
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def keyed_node(server_config):
@@ -110,6 +112,7 @@ def _in_flight(rurl: str, node: str) -> int:
     return next(n["in_flight"] for n in httpx.get(f"{rurl}/health").json()["nodes"] if n["url"] == node)
 
 
+@pytest.mark.slow
 def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(tiny_long_dir, fleet2):
     """A node stopped with SIGSTOP accepts connections (the kernel does) and answers nothing, forever."""
     with serve_process("--model", str(tiny_long_dir), "--dtype", "float32", "--num-kv-blocks", "512",

@@ -22,6 +22,8 @@ from test_router import session_homed_on
 
 from warmpath.config import ServerConfig
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def nodes(server_config):

@@ -15,6 +15,8 @@ from server_harness import running_app, running_server
 from warmpath.config import RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
 
+pytestmark = pytest.mark.server
+
 
 @contextlib.contextmanager
 def target(via: str, server_config):

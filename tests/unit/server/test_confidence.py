@@ -37,6 +37,7 @@ def gated(server_config):
         yield url, app
 
 
+@pytest.mark.server
 def test_every_protocol_answers_an_unsure_completion_with_its_silence(gated):
     url, _ = gated
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
@@ -72,6 +73,7 @@ def test_every_protocol_answers_an_unsure_completion_with_its_silence(gated):
     assert counter(url, "warmpath_requests_aborted_total", 'reason="low_confidence"') == silenced + 7
 
 
+@pytest.mark.server
 def test_a_request_sets_its_own_threshold_and_a_plain_completion_is_never_judged(gated):
     url, _ = gated
     body = {"prompt": CODE, "suffix": SUFFIX, "max_tokens": 24, "temperature": 0}

@@ -16,6 +16,8 @@ from warmpath.api.fim import detect_fim, repo_context
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
 
+pytestmark = pytest.mark.server
+
 PREFIX = "def area(w, h):\n    return "
 SUFFIX = "\n\nprint(area(2, 3))\n"
 EXTRA = [{"filename": "geometry/shapes.py", "text": "class Rect:\n    def __init__(self, w, h):\n"

@@ -11,6 +11,8 @@ from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 
 from warmpath.config import EngineConfig
 
+pytestmark = pytest.mark.server
+
 MAX_LEN, ANSWER = 512, 64  # tabby-agent asks for 64 tokens (api/tabby.py MAX_TOKENS): every protocol asks the same
 PREFIX = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(60))
 SUFFIX = "".join(f"print(f{i}(2))\n" for i in range(60))

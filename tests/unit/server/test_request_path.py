@@ -10,6 +10,8 @@ from tiny_gguf import QWEN_VOCAB, uniform, write_gguf
 
 from warmpath.config import EngineConfig
 
+pytestmark = pytest.mark.server
+
 CODE = "def area(r):\n    return 3.14 * r * r\n\n\ndef perimeter(r):\n"
 SUFFIX = "\n\nprint(area(2))\n"
 BODIES = {

@@ -3,12 +3,15 @@ generates (a value the OpenAPI schema does not allow) is refused with a 4xx, non
 test_server_schema.py only asserts no 5xx; this adds the `negative_data_rejection` check itself."""
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import negative_data_rejection, not_a_server_error
 from test_server_schema import served  # noqa: F401 (the module's fixture: a tiny server and a router before it)
+
+pytestmark = pytest.mark.server
 
 
 def reject_negative(schema_url: str, base_url: str, paths=None, max_examples: int = 25) -> list[int]:

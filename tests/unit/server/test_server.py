@@ -16,6 +16,8 @@ from server_harness import CODE, running_server, wait_for_step
 from warmpath import LLM, SamplingParams
 from warmpath.config import EngineConfig, ServerConfig
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def offline(tiny_long_dir):

@@ -61,6 +61,7 @@ def in_the_step_thread(app, look, steps: int = 2):
     return result[0]
 
 
+@pytest.mark.server
 def test_requests_refused_at_their_deadline_from_new_sessions_keep_warm_ups_within_the_bounds(server):
     """A client sending X-Deadline-Ms: 1 with a new (long) session id each time: each refusal leaves its prompt to
     warm, but the queued warm-ups stay within the tenant's and the total bound (the oldest go, counted), and every
@@ -99,6 +100,7 @@ def test_requests_refused_at_their_deadline_from_new_sessions_keep_warm_ups_with
     assert total(url, "warmpath_session_ids_hashed_total") - hashed_before == n
 
 
+@pytest.mark.server
 def test_the_router_keeps_long_session_ids_as_their_hash(server):
     """The router keys sessions (its session log, the ring) by the same capped rule as the node."""
     url, _ = server

@@ -12,6 +12,8 @@ from mistralai.client import Mistral
 from mistralai.client.errors import HTTPValidationError, MistralError
 from server_harness import CODE, counter, wait_for_step
 
+pytestmark = pytest.mark.server
+
 SUFFIX = "\n\nprint(add(1, 2))\n"
 
 

@@ -17,6 +17,8 @@ from server_harness import CODE, running_server
 from warmpath.config import ServerConfig
 from warmpath.engine.step_cost import StepCost
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def keyed(server_config):

@@ -43,6 +43,7 @@ def post(url: str, body: dict, **kw) -> httpx.Response:
     return httpx.post(f"{url}/infill", json=body, timeout=60, **kw)
 
 
+@pytest.mark.server
 def test_llama_vim_keystrokes_warmup_and_speculative_follow_up(server):
     url, _ = server
     r = post(url, vim_warmup(EXTRA))  # a chunk was yanked: the ring's context goes in ahead of any completion
@@ -68,6 +69,7 @@ def test_llama_vim_keystrokes_warmup_and_speculative_follow_up(server):
     assert r.status_code == 200 and VIM_ACCEPTS.search(r.text) and r.json()["tokens_cached"] >= cached[1] - 16
 
 
+@pytest.mark.server
 def test_llama_vscode_bodies(server):
     url, _ = server
     chunks = [{"text": c["text"], "time": 1722000000000 + i, "filename": c["filename"]} for i, c in enumerate(EXTRA)]
@@ -84,6 +86,7 @@ def test_llama_vscode_bodies(server):
     assert t["predicted_n"] == data["tokens_predicted"] and data["generation_settings"]["top_p"] == 0.99
 
 
+@pytest.mark.server
 def test_stream_and_the_same_text_as_v1_completions(server):
     url, _ = server
     body = {"input_prefix": CODE, "input_suffix": "", "prompt": "        ", "n_predict": 24, "temperature": 0.0,
@@ -107,6 +110,7 @@ def _greedy(url: str, prompt: str, n: int = 64) -> dict:
                                                       "ignore_eos": True}, timeout=60).json()
 
 
+@pytest.mark.server
 def test_t_max_predict_ms_ends_at_a_newline_past_the_budget(server):
     url, _ = server
     # A prompt whose greedy completion has a newline well before its end (the tiny model is random).
@@ -120,6 +124,7 @@ def test_t_max_predict_ms_ends_at_a_newline_past_the_budget(server):
     assert post(url, {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0}).json()["content"] == full
 
 
+@pytest.mark.server
 def test_n_indent_ends_before_a_line_that_leaves_the_block(server):
     url, _ = server
     prompt, full = next((p, t) for p in (f"# {i}\n" + CODE for i in range(60))
@@ -128,6 +133,7 @@ def test_n_indent_ends_before_a_line_that_leaves_the_block(server):
     assert cut["content"] == full[:full.find("\n")]  # the first new line is indented less than 200 columns
 
 
+@pytest.mark.server
 def test_t_max_prompt_ms_is_silence_and_a_warmup_is_never_cut(server):
     url, app = server
     before = counter(url, "warmpath_requests_aborted_total", 'reason="deadline"')
@@ -143,6 +149,7 @@ def test_t_max_prompt_ms_is_silence_and_a_warmup_is_never_cut(server):
     assert after["tokens_cached"] >= after["tokens_evaluated"] - 32  # the warm-up's prompt is all in the cache
 
 
+@pytest.mark.server
 def test_deadline_header_is_silence_whole_and_streamed(server):
     url, _ = server
     body = {"input_prefix": CODE * 12, "n_predict": 200}
@@ -156,6 +163,7 @@ def test_deadline_header_is_silence_whole_and_streamed(server):
                                                                                                     "overloaded")
 
 
+@pytest.mark.server
 def test_disconnect_aborts_on_the_engine(server):
     url, app = server
     before = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
@@ -178,6 +186,7 @@ BAD = [b"{not json", b"[1]", json.dumps({"n_predict": "ten"}).encode(), json.dum
        json.dumps({"input_prefix": "\ud800"}).encode(), json.dumps({"input_prefix": "", "prompt": ""}).encode()]
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("payload", BAD)
 def test_bad_input_gets_llama_cpps_error_object(server, payload):
     url, app = server

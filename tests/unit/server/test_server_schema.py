@@ -15,6 +15,8 @@ from server_harness import running_app, running_server
 from warmpath.config import EngineConfig, RouterConfig
 from warmpath.router.app import create_router_app
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir):
@@ -58,6 +60,7 @@ def test_no_input_gets_a_5xx(served):
     assert len(checked) > 100 and any(s >= 400 for s in checked) and app.state.async_engine.alive
 
 
+@pytest.mark.slow
 def test_no_input_gets_a_5xx_through_the_router(served):
     url, app, rurl = served
     proxied = drive(f"{url}/openapi.json", rurl, paths={"/v1/completions", "/v1/chat/completions"})

@@ -11,6 +11,8 @@ from server_harness import CODE, total
 
 from warmpath.api.scope import ScopeCutter
 
+pytestmark = pytest.mark.server
+
 # Cursors mid-line (line scope: the tiny model's text after these prefixes holds a newline) and at a line's end
 # (block scope), with code after them. The tiny model has no FIM tokens: prefix-only, the suffix cut by the scope.
 HOLES = [("def add(a,", " b):\n    return a + b\n"), ("def add(a, b)", ":\n    return a + b\n"),

@@ -46,6 +46,7 @@ def context_files(*groups) -> list[dict]:
     return [{"filename": s["filepath"], "text": s["body"]} for g in groups for s in g]
 
 
+@pytest.mark.server
 def test_the_completion_is_openais_fim_completion_in_tabbys_shape(server):
     url, _ = server
     # tabby-agent 1.5.0's body: language, segments (prefix, suffix; filepath without a workspace), user
@@ -69,6 +70,7 @@ def test_the_completion_is_openais_fim_completion_in_tabbys_shape(server):
     assert r.status_code == 400 and "error" in r.json()  # not JSON is nobody's body in particular: OpenAI's 400
 
 
+@pytest.mark.server
 def test_snippets_are_repository_context_in_a_stable_order(server):
     url, app = server
     who = {"language": "python", "user": "ctx-test"}
@@ -100,6 +102,7 @@ def test_what_does_not_fit_goes_first_recently_opened_then_changed_then_declarat
     assert ask.fill.repo == "shapes" == api.repo_name("git@github.com:acme/shapes.git") and ask.max_tokens == 64
 
 
+@pytest.mark.server
 def test_crlf_files_are_prompted_in_lf_and_answered_in_crlf(server):
     url, _ = server
     lf = tabby(url, {"segments": segments(CODE)}).json()["choices"][0]["text"]
@@ -111,12 +114,14 @@ def test_crlf_files_are_prompted_in_lf_and_answered_in_crlf(server):
     assert ask.fill.prefix == "a\nb" and ask.fill.suffix == "\n" and answer["choices"][0]["text"] == "x\r\ny\r\n\r\nz"
 
 
+@pytest.mark.server
 def test_raw_prompt_is_completed_as_it_is(server):
     url, _ = server
     r = tabby(url, {"segments": segments("ignored"), "debug_options": {"raw_prompt": CODE}})
     assert r.json()["choices"][0]["text"] == openai(url, prompt=CODE)["choices"][0]["text"]
 
 
+@pytest.mark.server
 def test_past_the_deadline_an_empty_text_and_a_disconnect_aborts(server):
     url, app = server
     r = tabby(url, {"segments": segments(CODE * 12)}, headers={"X-Deadline-Ms": "5"})
@@ -152,6 +157,7 @@ BAD = [  # (body, status): axum's 422 for a body of the wrong shape, Tabby's 400
 ]
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("payload,status", BAD)
 def test_bad_input_gets_tabbys_plain_text_error(server, payload, status):
     url, app = server
@@ -163,6 +169,7 @@ def test_bad_input_gets_tabbys_plain_text_error(server, payload, status):
     assert app.state.async_engine.alive
 
 
+@pytest.mark.server
 def test_health_server_setting_and_events(server):
     url, _ = server
     h = httpx.get(f"{url}/v1/health").json()
@@ -198,6 +205,7 @@ def qwen_coder(tmp_path_factory):
         yield url, app.state.engine.tokenizer
 
 
+@pytest.mark.server
 def test_the_familys_repo_layout_names_the_repository_and_the_file(qwen_coder):
     url, tok = qwen_coder
     fim = detect_fim(tok)

@@ -17,6 +17,8 @@ from server_harness import running_router as router
 from warmpath.config import RouterConfig, ServerConfig
 from warmpath.router.app import create_router_app
 
+pytestmark = pytest.mark.server
+
 ALICE, BOB = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer bob-key"}
 NODE_KEY = {"Authorization": "Bearer node-key"}
 
