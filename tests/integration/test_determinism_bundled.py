@@ -16,6 +16,8 @@ from server_harness import serve_process
 from warmpath.engine.plan import DETERMINISTIC
 from warmpath.kernels.native import bf16_attention
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def real_code_prompts(n: int = 40) -> list[str]:
     sources = [inspect.getsource(m) for m in (json.decoder, json.encoder, pathlib, textwrap, inspect)]

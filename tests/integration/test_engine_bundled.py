@@ -34,6 +34,7 @@ def outputs(llm: LLM, prompts) -> list[list[int]]:
     return [o.token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)]
 
 
+@pytest.mark.slow
 def test_identical_outputs_cache_chunking_preemption(smollm2_fp32, prompts):
     assert len(prompts) >= 8
     engine = smollm2_fp32.engine

@@ -8,6 +8,8 @@ from server_harness import serve_process
 
 from warmpath import SamplingParams
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def served():

@@ -7,6 +7,8 @@ from test_determinism_bundled import real_code_prompts
 
 from warmpath import LLM, SamplingParams
 
+pytestmark = pytest.mark.slow
+
 # Code that repeats itself (what the proposers feed on) beside code that does not, decoded together.
 PROMPTS = [p + p.split("\n", 1)[0] + "\n" for p in real_code_prompts(6)]
 GREEDY = SamplingParams(max_tokens=48, temperature=0)
