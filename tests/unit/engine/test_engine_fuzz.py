@@ -2,13 +2,14 @@
 
 import pytest
 from engine_checks import FakeClock, FlatStepTimes, check_pool_invariants
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from warmpath import EngineRequest, SamplingParams
 from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.engine.engine import Engine
 
+SEED = 0  # hypothesis' seed: the sequences below
 BASE = [list(range(10, 40)), list(range(10, 30)) + [7] * 12, [3, 4, 5] * 9, list(range(60, 61))]
 
 ops = st.lists(
@@ -39,8 +40,10 @@ def engine(tiny_llama_dir, request):
     return engine
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,  # same sequences every run: CI stays stable
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+# The same sequences every run and wherever the file lives (derandomize's seed hashes the test's path): CI stays
+# stable, and test_fuzzing_reached_the_hard_states below checks these sequences do reach the hard states.
+@settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@seed(SEED)
 @given(ops)
 def test_random_sequences_never_leak(engine, sequence):
     clock = engine.scheduler.clock
