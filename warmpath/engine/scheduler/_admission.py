@@ -12,7 +12,7 @@ from warmpath.engine.scheduler._tier_reads import TierReads
 from warmpath.engine.scheduler.batch import ScheduledChunk, StepBatch
 
 if TYPE_CHECKING:
-    from warmpath.engine.scheduler._warm_ups import WarmUps
+    from warmpath.engine.scheduler._warm_up_queue import WarmUps
 
 
 def admit_waiting(state: SchedulerState, tiers: TierReads, out: StepBatch, budget: int, max_num_seqs: int,

@@ -13,7 +13,7 @@ from warmpath.engine.request import FinishReason, Request, RequestStatus
 from warmpath.engine.scheduler.batch import SchedulerStats
 
 if TYPE_CHECKING:
-    from warmpath.engine.scheduler._warm_ups import WarmUps
+    from warmpath.engine.scheduler._warm_up_queue import WarmUps
 
 
 @dataclass

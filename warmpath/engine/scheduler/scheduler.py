@@ -23,7 +23,8 @@ from warmpath.engine.scheduler._pacing import Pacing
 from warmpath.engine.scheduler._running import step_running
 from warmpath.engine.scheduler._state import SchedulerState
 from warmpath.engine.scheduler._tier_reads import TierReads
-from warmpath.engine.scheduler._warm_ups import WarmUps, end_warm_up, queue_warm_up, step_warm_ups
+from warmpath.engine.scheduler._warm_up_queue import WarmUps
+from warmpath.engine.scheduler._warm_ups import end_warm_up, queue_warm_up, step_warm_ups
 from warmpath.engine.scheduler.batch import SchedulerStats, StepBatch
 from warmpath.engine.step_cost import StepCost
 
