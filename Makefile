@@ -9,7 +9,7 @@ MODEL  ?= qwen2.5-coder-0.5b
 KV_TIER ?= $(or $(WARMPATH_HOME),$(HOME)/.cache/warmpath)/kv-tier
 KV_TIER_BYTES ?= 4GiB
 
-.PHONY: setup model serve test test-unit test-fleet lint bench
+.PHONY: setup model serve test test-unit test-quick test-fleet lint bench
 
 setup: $(STAMP) model
 
@@ -42,6 +42,10 @@ test-fleet: setup
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit $(ARGS)
+
+# The unit tests that start no server and are not slow (markers in pyproject.toml): for a quick check while editing.
+test-quick: $(STAMP)
+	$(BIN)/pytest -q -m "not slow and not server" tests/unit $(ARGS)
 
 # ruff (E501 on), the layer rules (import-linter contracts in pyproject.toml), the C files' format.
 lint: $(STAMP)

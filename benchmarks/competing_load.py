@@ -31,8 +31,8 @@ HOG = "while True: pass"
 
 def serve(flags: list[str], port: int) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "warmpath"
-    proc = subprocess.Popen([str(exe), "serve", "--port", str(port), *flags], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(exe), "serve", "--model", "smollm2", "--port", str(port), *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end = time.monotonic() + 300
     while time.monotonic() < end:
         if proc.poll() is not None:

@@ -12,8 +12,8 @@ logs=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-$BIN/warmpath serve --port 8100 --num-threads "$THREADS" >"$logs/warmpath.log" 2>&1 & pids+=($!)
-$BIN/warmpath serve --port 8101 --num-threads "$THREADS" --no-enable-prefix-caching >"$logs/nocache.log" 2>&1 & pids+=($!)
+$BIN/warmpath serve --model smollm2 --port 8100 --num-threads "$THREADS" >"$logs/warmpath.log" 2>&1 & pids+=($!)
+$BIN/warmpath serve --model smollm2 --port 8101 --num-threads "$THREADS" --no-enable-prefix-caching >"$logs/nocache.log" 2>&1 & pids+=($!)
 $BIN/python benchmarks/baselines/llama_cpp_python.py serve --port 8102 --threads "$THREADS" >"$logs/llama.log" 2>&1 & pids+=($!)
 for port in 8100 8101 8102; do  # model loads take 10-30 s
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break; sleep 0.5; done

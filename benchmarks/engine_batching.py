@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 from common import code_windows, machine, write_json
 
@@ -82,7 +83,10 @@ def main() -> None:
     throughput = [decode_throughput(llm, windows[:n]) for n in counts]
     hol = []
     for b in args.budgets.split(","):
-        llm.engine.config.max_num_batched_tokens = 8192 if b == "none" else int(b)
+        engine, tokens = llm.engine, 8192 if b == "none" else int(b)
+        # The scheduler reads its own (frozen) config: a new one, for both it and the engine's config.
+        engine.config.scheduler = engine.scheduler.config = replace(engine.config.scheduler,
+                                                                    max_num_batched_tokens=tokens)
         hol.append({"budget": b, **head_of_line(llm, windows[:8], big)})
 
     print(f"machine: {machine()}; dtype {str(llm.dtype).removeprefix('torch.')}\n")

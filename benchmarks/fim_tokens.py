@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from warmpath.api.fim import fim_for_model  # noqa: E402
+from warmpath.api.fim import detect_fim  # noqa: E402
 from warmpath.models.registry import load_tokenizer  # noqa: E402
 from warmpath.workloads import editor_document, make_trace  # noqa: E402
 
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--out")
     args = ap.parse_args()
-    tok, template = load_tokenizer(args.model), fim_for_model(args.model)
+    tok, template = load_tokenizer(args.model), detect_fim(model=args.model)
     trace = make_trace("editor", args.developers, args.duration, args.seed, args.rate)
     layouts = {"cursor": lambda p, s: template.build(p, s, layout="cursor"),
                "anchored": lambda p, s: template.build(p, s, layout="anchored"),

@@ -46,8 +46,8 @@ ADMIN_KEY = "router-fleet"
 
 
 def start_node(port: int, blocks: int, threads: int, log: Path) -> subprocess.Popen:
-    cmd = [str(BIN / "warmpath"), "serve", "--port", str(port), "--num-kv-blocks", str(blocks), "--num-threads",
-           str(threads), "--dtype", "float32"]
+    cmd = [str(BIN / "warmpath"), "serve", "--model", "smollm2", "--port", str(port), "--num-kv-blocks", str(blocks),
+           "--num-threads", str(threads), "--dtype", "float32"]
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 

@@ -51,7 +51,7 @@ def main() -> None:
     real_summary = summarize(real, time.perf_counter() - t)
 
     sim = Driver(trace, [SimBackend(profile.cost[profile.default_dtype], engine.pool.num_blocks, profile.block_size,
-                                    engine.config.max_num_batched_tokens)], tokenize, client, fim=profile.fim)
+                                    engine.config.scheduler.max_num_batched_tokens)], tokenize, client, fim=profile.fim)
     t = time.perf_counter()
     sim.run()
     sim_summary = summarize(sim, time.perf_counter() - t)

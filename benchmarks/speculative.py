@@ -20,7 +20,7 @@ from pathlib import Path
 from warmpath import LLM, EngineRequest, SamplingParams
 from warmpath.config import EngineConfig
 from warmpath.edit_workload import edit_tasks
-from warmpath.server.prompts import render_chat
+from warmpath.server.chat_template import render_chat
 from warmpath.workloads import AgentParams, agent_trace
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -14,6 +14,7 @@ import statistics
 from common import code_windows, machine, write_json
 
 from warmpath import LLM, SamplingParams
+from warmpath.config import SchedulerConfig
 
 SIZES = (512, 2048, 4000)
 NEW_TOKENS = 20
@@ -25,7 +26,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default="benchmarks/results/warm_ttft.json")
     args = ap.parse_args()
-    llm = LLM("smollm2", dtype=args.dtype, max_num_batched_tokens=8192)  # one prefill step: TTFT, not chunking
+    one_step = SchedulerConfig(max_num_batched_tokens=8192)  # one prefill step: TTFT, not chunking
+    llm = LLM("smollm2", dtype=args.dtype, scheduler=one_step)
     one = SamplingParams(max_tokens=1, temperature=0)
     llm.generate({"prompt_token_ids": list(range(100, 164))}, one)  # warm-up
     rows = []

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_model import write_tiny_hf  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
+# What the tests read from the user's $WARMPATH_HOME: downloads, each checked against a pinned hash, fetched once and
+# never written by a test. Everything else under it (kernels, plans, packed weights, model hashes, calibrations) is
+# derived and rebuilt when missing: the tests write theirs into a home of their own.
+FETCHED = ("models", "wheels", "llama-vocab", "npm", "corpus", "sdists", "baselines")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warmpath_home(tmp_path_factory) -> Path:
+    """$WARMPATH_HOME for the whole session (servers started as subprocesses inherit it): a fresh directory outside
+    the user's home, its fetched directories links to the user's, so no model is fetched again (the models are
+    found where `warmpath fetch-model` put them) and nothing the tests compute lands in ~/.cache/warmpath."""
+    from warmpath.config import warmpath_home as user_home
+    from warmpath.store import private_dir
+
+    user, home = user_home(), private_dir(tmp_path_factory.mktemp("warmpath-home"))
+    for name in FETCHED:
+        (home / name).symlink_to(private_dir(user / name), target_is_directory=True)
+    before = os.environ.get("WARMPATH_HOME")
+    os.environ["WARMPATH_HOME"] = str(home)
+    yield home
+    if before is None:
+        os.environ.pop("WARMPATH_HOME", None)
+    else:
+        os.environ["WARMPATH_HOME"] = before
 
 
 @pytest.fixture(scope="session")
@@ -36,10 +61,10 @@ def server_kv_blocks() -> int:
 def server_config(tiny_long_dir, server_kv_blocks):
     """The tiny long-context model in fp32 with a small token budget per step: a ~700-token prompt takes ~11
     steps, so a test can act while it is in flight."""
-    from warmpath.config import EngineConfig
+    from warmpath.config import EngineConfig, SchedulerConfig
 
     return EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=server_kv_blocks,
-                        max_num_batched_tokens=64)
+                        scheduler=SchedulerConfig(max_num_batched_tokens=64))
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,14 @@ from collections import Counter
 from pathlib import Path
 
 from warmpath.engine.engine import Engine
+from warmpath.engine.speculative import StepTimes
 
 
 def check_pool_invariants(engine: Engine) -> None:
     """Reference counts equal holders; no block is both free and held; cache map consistent; idle -> all free."""
     pool, sched = engine.pool, engine.scheduler
-    holders = Counter(b for r in sched.running for b in r.block_ids)
-    for r in sched.waiting:
+    holders = Counter(b for r in sched.running_requests() for b in r.block_ids)
+    for r in sched.waiting_requests():
         assert r.block_ids == [], f"waiting request {r.request_id} holds blocks"
     free = set(pool.free_queue)
     assert len(free) == len(pool.free_queue)
@@ -49,3 +50,14 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class FlatStepTimes(StepTimes):
+    """Every decode step costs the same whatever its rows: verifying guesses always pays (the decision is tested
+    apart; exactness where this is used)."""
+
+    def record(self, rows: int, seconds: float) -> None:
+        pass
+
+    def at(self, rows: int) -> float | None:
+        return 0.01

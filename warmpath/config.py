@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 
 def warmpath_home() -> Path:
@@ -15,6 +18,34 @@ def warmpath_home() -> Path:
 
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}  # the KV cache dtypes
 KV_INT8_SCALE_BYTES = 2  # an int8 KV row's fp16 scale, after its values (models/kv_quant.py)
+
+# The settings that take one of a few words, each named once: the config refuses any other when it is built
+# (check_choices), so the components that read them need not check again.
+Device = Literal["cpu", "cuda"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]  # fp32 / bf16 / fp16: aliases
+KVCacheDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]
+GemvDtype = Literal["none", "float16", "bfloat16"]
+Kernel = Literal["auto", "native", "torch"]
+KernelActivations = Literal["auto", "fp32", "int8"]  # kernels/native.py ACTIVATIONS, and auto
+SpeculativeMethod = Literal["none", "ngram", "suffix", "draft"]
+CompletionScope = Literal["auto", "statement", "line", "block", "none"]  # api/scope.py
+FimLayout = Literal["anchored", "cursor"]  # api/fim.py LAYOUTS
+CacheIsolation = Literal["none", "key"]
+RoutingPolicy = Literal["round-robin", "least-load", "session", "prefix", "hybrid"]  # router/policies.py
+
+
+@functools.cache
+def _choices(cls: type) -> dict[str, tuple]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+            if typing.get_origin(hints[f.name]) is Literal}
+
+
+def check_choices(config) -> None:
+    """Every Literal-typed field of `config` holds one of its words; a ValueError names the field and them."""
+    for name, allowed in _choices(type(config)).items():
+        if (value := getattr(config, name)) not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 @dataclass
@@ -49,7 +80,7 @@ class SchedulerConfig:
     # Per-step token budget (prefill chunks + decodes): small enough that decoding streams keep moving while a
     # long prompt prefills, large enough that the prompt's TTFT barely grows (benchmarks/engine_batching.py).
     max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
+    max_num_seqs: int = 64  # the most requests running at once
     # While another session is quick (decoding, or typing on a warm prefix), a prompt's chunk takes at most what
     # this machine computes in this long (measured from the steps run: Scheduler.observe), so a keystroke arriving
     # behind another session's long prompt waits for a short step, not a 512-token one; 0: off (chunks fill the
@@ -63,14 +94,16 @@ class SchedulerConfig:
     # server/tenancy.py) and in all: each refused or late request leaves one, and a client can send any number of
     # them; past a bound the oldest go first (warmpath_warm_ups_dropped).
     warm_up_tokens_per_tenant: int = 65536
-    warm_up_tokens: int = 131072
+    warm_up_tokens: int = 131072  # warm-ups' prompt tokens waiting, all tenants together
 
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2"  # a bundled name, a path to a .gguf file, or an HF directory
-    dtype: str = "auto"  # "auto" (bf16 where the CPU has it, else fp32), "float32", "bfloat16"
-    device: str = "cpu"  # "cpu" or "cuda"
+    # A bundled name (fetched on first use), a path to a .gguf file, or an HF directory; by default a code model
+    # (`make serve`'s), not SmolLM2, the tests' fast chat model, which cannot complete code.
+    model: str = "qwen2.5-coder-0.5b"
+    dtype: Dtype = "auto"  # "auto" (bf16 where the CPU has it, else fp32), "float32", "bfloat16"
+    device: Device = "cpu"  # "cpu" or "cuda"
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # overrides memory_budget and kv_cache_memory when set
     kv_cache_memory: int = 1 << 30  # bytes of KV cache (bf16 SmolLM2: ~46k tokens per GiB)
@@ -79,7 +112,7 @@ class EngineConfig:
     memory_budget: str | None = None
     # The cache's own dtype: auto (the model's; 16-bit under a plan) | float32 | bfloat16 | float16 | int8 (a scale
     # per token and KV head: ~2x the sessions of bf16 in the same memory, only where asked for)
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: KVCacheDtype = "auto"
     # A disk tier for the KV cache (engine/kv_tier.py): every cached prefix block is also written here, so one
     # evicted from RAM, or lost to a restart, is read back instead of computed. Off when unset.
     kv_offload_dir: str | None = None
@@ -90,13 +123,9 @@ class EngineConfig:
     # disk costs the tier, never the step: warmpath_kv_tier_dropped_blocks).
     kv_offload_queue_bytes: str = "256MiB"
     max_model_len: int | None = None  # the longest prompt + answer, in tokens; default: the model's context length
-    # The scheduler's knobs, explained in SchedulerConfig above.
-    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens  # per-step token budget (chunks + decodes)
-    max_num_seqs: int = SchedulerConfig.max_num_seqs  # the most requests running at once
-    step_target_ms: float = SchedulerConfig.step_target_ms  # a prompt's chunk while a quick session waits; 0: off
-    warm_late_prompts: bool = SchedulerConfig.warm_late_prompts  # a prompt left unfinished computes on, for later
-    warm_up_tokens_per_tenant: int = SchedulerConfig.warm_up_tokens_per_tenant  # queued warm-ups' tokens, a tenant
-    warm_up_tokens: int = SchedulerConfig.warm_up_tokens  # queued warm-ups' tokens in all
+    # The scheduler's knobs (SchedulerConfig above; frozen, so one default instance is shared safely), each field a
+    # flag of its own (--max-num-batched-tokens ...).
+    scheduler: SchedulerConfig = SchedulerConfig()
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt's cached prefix
     num_threads: int | None = None  # threads of a step (the kernel's and torch's); default: all cores
     num_decode_threads: int | None = None  # threads for decode-only steps; default: all (num_threads)
@@ -106,18 +135,18 @@ class EngineConfig:
     # "float16" / "bfloat16": also keep half-width weight copies and use them for steps of at most
     # gemv_max_rows tokens (decode of a few streams), where reading weights is the cost; fp32 models on CPU
     # only. Off by default: such steps are then not token-identical to fp32. "none" keeps one copy.
-    gemv_dtype: str = "none"
+    gemv_dtype: GemvDtype = "none"
     gemv_max_rows: int = 4  # steps of at most this many tokens use the gemv_dtype copies
     # The native CPU kernel (warmpath/kernels/): one compiled call over the checkpoint's own quantized blocks
     # (GGUF Q4_1 / Q8_0; fp32 for other tensors). "native": on, "torch": off, "auto": on for a float32 model on
     # the CPU when a C compiler is there. Which sequences of a step it computes: runner.route().
-    kernel: str = "auto"
+    kernel: Kernel = "auto"
     # Activations of the native kernel's Q4_1 / Q8_0 products: "fp32" (exact: the fp32 weights' values, another
     # order of summation), "int8" (each row quantized per block of 32, llama.cpp's Q8 activations: faster, not
     # token-identical to fp32; benchmarks/bf16_agreement.py --dtype float32 --kernel-activations int8 measures
     # the agreement), "auto": int8 when dtype is "auto" (the fast default, as bf16 is where the CPU has it),
     # fp32 when float32 is asked for.
-    kernel_activations: str = "auto"
+    kernel_activations: KernelActivations = "auto"
     # Which backend computes which step shape (warmpath/engine/plan.py): "auto" measures them on this machine at
     # the first start of a model (cached under $WARMPATH_HOME/plans/; `warmpath plan` prints it) whenever dtype,
     # kernel and kernel_activations are all "auto"; a backend name (native-int8, native-fp32, torch-bf16,
@@ -131,7 +160,7 @@ class EngineConfig:
     # next step and kept only where the model samples it, so outputs are the model's own; a step verifies
     # guesses only while this machine's measured step times say it pays, and never beside a prompt (docs/engine.md,
     # "Speculative decoding"). "none": off.
-    speculative_method: str = "suffix"
+    speculative_method: SpeculativeMethod = "suffix"
     # "draft": a second, smaller model with the same tokenizer guesses (engine/draft.py), in its own KV pool
     speculative_draft_model: str | None = None
     speculative_draft_blocks: int = 1024  # KV blocks of the draft model's own pool
@@ -139,9 +168,8 @@ class EngineConfig:
     speculative_max_seqs: int = 4  # no guessing in a step with more decoding requests (compute-bound there)
     seed: int = 0  # of the sampler's generator (a request's own seed overrides it)
 
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.step_target_ms,
-                               self.warm_late_prompts, self.warm_up_tokens_per_tenant, self.warm_up_tokens)
+    def __post_init__(self):
+        check_choices(self)
 
 
 @dataclass
@@ -160,7 +188,10 @@ class ConnectionLimits:
 
 
 @dataclass
-class ServerConfig(ConnectionLimits):
+class ServiceConfig(ConnectionLimits):
+    """What `warmpath serve` and `warmpath route` both are to their clients: where they listen, whom they let in,
+    what they call their model and where its fill-in-the-middle answers end."""
+
     host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
     port: int = 8000  # TCP port to listen on
     api_key: str | None = None  # when set, every route but /health needs "Authorization: Bearer <key>"
@@ -168,22 +199,30 @@ class ServerConfig(ConnectionLimits):
     # ("#" inside a key is part of it).
     api_keys_file: str | None = None
     max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
-    served_model_name: str | None = None  # default: the engine's model spec
+    served_model_name: str | None = None  # default: the engine's model spec (a router's: its nodes' model)
+    # Where a fill-in-the-middle answer ends (api/scope.py): "auto" (the rest of the line after typed code, else
+    # the cursor's block), "statement", "line", "block" or "none"; a request's `scope` overrides it. A router
+    # applies it to the answers of engines with no completion scope of their own (vLLM, SGLang, llama.cpp).
+    completion_scope: CompletionScope = "auto"
+
+    def __post_init__(self):
+        check_choices(self)
+
+
+@dataclass
+class ServerConfig(ServiceConfig):
     # Prefix-cache isolation (README, "Security"): "key" mixes a hash of the request's API key (and the tenant a
     # router names, server/tenancy.py) into its cache salt, so clients with different keys never share KV blocks
     # nor see each other's hits; "none" shares the cache across keys (a request's `cache_salt` still keeps it apart).
-    cache_isolation: str = "none"
+    cache_isolation: CacheIsolation = "none"
     # FIM prompts of prefix-first families: "anchored" puts the prefix's last lines after the middle marker, so
     # typing leaves the prompt before it cached (api/fim.py anchor()); "cursor": the prefix up to the cursor.
-    fim_layout: str = "anchored"
+    fim_layout: FimLayout = "anchored"
     # The most tokens of a FIM suffix a prompt keeps, its first lines (api/fim.py keep_suffix()): "all" the whole
     # suffix the client sends (its own window bounds it); "auto" what this machine computes in 250 ms (measured
     # once, kept with the plan), 64 at least, so moving the anchor or opening a file stays nearer an editor's
     # deadline, for a cost in exact matches on real files (docs/benchmarks.md); or a number of tokens.
     fim_suffix_tokens: str = "all"
-    # Where a fill-in-the-middle answer ends (api/scope.py): "auto" (the rest of the line after typed code, else
-    # the cursor's block), "statement", "line", "block" or "none"; a request's `scope` overrides it.
-    completion_scope: str = "auto"
     # The confidence gate (server/confidence.py): a fill-in-the-middle answer whose first line's tokens are less
     # probable than this (their geometric mean) is silenced; 0 shows every answer. A request's `min_confidence`
     # overrides it.
@@ -191,9 +230,8 @@ class ServerConfig(ConnectionLimits):
 
 
 @dataclass
-class RouterConfig(ConnectionLimits):
-    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
-    port: int = 8080  # TCP port to listen on
+class RouterConfig(ServiceConfig):
+    port: int = 8080  # TCP port to listen on (the router's default, beside a node's 8000)
     # Upstreams: `node [ENGINE=]URL` (repeated) for one pool; `tier NAME=URL,URL` (repeated, smallest model first)
     # for model tiering.
     node: list[str] | None = None
@@ -201,7 +239,7 @@ class RouterConfig(ConnectionLimits):
     # vllm, sglang, llamacpp, openai) is detected from the node's /v1/models when not given.
     nodes_file: str | None = None
     tier: list[str] | None = None  # NAME=URL[,URL...]: a model tier, smallest model first (repeated)
-    policy: str = "hybrid"  # round-robin | least-load | session | prefix | hybrid
+    policy: RoutingPolicy = "hybrid"  # round-robin | least-load | session | prefix | hybrid
     load_factor: float = 1.25  # bounded loads: a node takes one more request while its load <= c x average
     affinity_floor: int = 4  # ... and always while its load is under this many requests (sessions stay home)
     virtual_nodes: int = 100  # points per node on the hash ring
@@ -211,21 +249,12 @@ class RouterConfig(ConnectionLimits):
     health_failures: int = 3  # failed checks in a row before a node leaves the ring
     connect_timeout: float = 2.0  # seconds; a node that does not accept in time counts as failed
     line_max_tokens: int = 32  # tiering: /v1/completions with at most this many tokens can be a line completion
-    # Where a fill-in-the-middle answer from an engine with no completion scope of its own (vLLM, SGLang, llama.cpp)
-    # ends (api/scope.py; as `warmpath serve --completion-scope`); a request's `scope` goes first.
-    completion_scope: str = "auto"
     cache_entries: int = 1024  # response cache (temperature 0 only); 0 turns it off
     cache_ttl: float = 300.0  # seconds a cached answer stays valid
-    api_key: str | None = None  # clients must send it, as to a node; /health stays open
-    # More accepted keys, one per line: one per tenant. A "#" at a line's start or after a space starts a comment
-    # ("#" inside a key is part of it).
-    api_keys_file: str | None = None
     admin_key: str | None = None  # /admin/* (drain, node list) needs it; without one, /admin is off
     # Sent to the nodes, with each client's tenant (a hash of its credential, router/forward.py) so a node's
     # --cache-isolation key still keeps clients apart; default: the client's Authorization header.
     upstream_api_key: str | None = None
-    max_body_bytes: int = 4 << 20  # larger request bodies get 413, counted as they arrive (chunked too)
-    served_model_name: str | None = None  # default: the nodes' model
     # A node that stops answering (hung, frozen, cut off without a reset) or leaves the ring: while nothing has
     # reached the client the request fails over; a stream already started ends with the error event.
     first_byte_timeout: float = 60.0  # seconds from sending a streamed request to the node's first event

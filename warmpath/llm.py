@@ -11,7 +11,7 @@ Prompt = str | dict
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2", **engine_kwargs):
+    def __init__(self, model: str = EngineConfig.model, **engine_kwargs):
         self.engine = Engine(EngineConfig(model=model, **engine_kwargs))
         self._next_id = 0
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from server_harness import CODE, running_app
 
-from warmpath.api.scope import Scope
+from warmpath.api.scope import ScopeCutter
 from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 from warmpath.router.engines import ENGINES, read_load
@@ -151,7 +151,7 @@ def test_fim_answers_of_an_engine_with_no_scope_end_where_warmpath_ends_them(fle
                                                               "max_tokens": 64, "temperature": 0, **told},
                      timeout=120).json()
     assert raw["choices"][0]["text"].startswith(given)  # left free, SmolLM2 writes "self, value)" here
-    scope = Scope(prefix, suffix)
+    scope = ScopeCutter(prefix, suffix)
     want = scope.feed(raw["choices"][0]["text"][len(given):])
     want += "" if scope.cut else scope.feed("", final=True)
     body = {"model": "smollm2", "prompt": prefix, "suffix": suffix, "max_tokens": 400, "temperature": 0,

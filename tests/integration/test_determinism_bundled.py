@@ -16,6 +16,8 @@ from server_harness import serve_process
 from warmpath.engine.plan import DETERMINISTIC
 from warmpath.kernels.native import bf16_attention
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def real_code_prompts(n: int = 40) -> list[str]:
     sources = [inspect.getsource(m) for m in (json.decoder, json.encoder, pathlib, textwrap, inspect)]
@@ -42,7 +44,7 @@ def test_greedy_text_repeats_whatever_the_batch_and_the_cache(plan, kv_dtype):
     if plan == "native-int8-bf16attn" and not bf16_attention():
         pytest.skip("no bf16 attention on this CPU (AMX or AVX512-BF16)")
     prompts = real_code_prompts()
-    with serve_process("--plan", plan, "--kv-cache-dtype", kv_dtype) as (url, _):
+    with serve_process("--model", "smollm2", "--plan", plan, "--kv-cache-dtype", kv_dtype) as (url, _):
         cold8 = asyncio.run(complete_all(url, prompts, 8))
         warm1 = asyncio.run(complete_all(url, prompts, 1))
         warm8 = asyncio.run(complete_all(url, list(reversed(prompts)), 8))[::-1]

@@ -2,11 +2,13 @@
 and a warm 2,000-token prefix computed only for its new tokens."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from warmpath import LLM, SamplingParams
+from warmpath.config import SchedulerConfig
 
 DATA = Path(__file__).parents[1] / "data"
 CASES = json.loads((DATA / "greedy_reference.json").read_text())["cases"]
@@ -22,36 +24,43 @@ def prompts() -> list[list[int]]:
     return short + shared
 
 
+def set_budget(engine, tokens: int) -> None:
+    """The token budget per step of a running engine: a new (frozen) SchedulerConfig, which its scheduler reads."""
+    engine.config.scheduler = engine.scheduler.config = replace(engine.config.scheduler,
+                                                                max_num_batched_tokens=tokens)
+
+
 def outputs(llm: LLM, prompts) -> list[list[int]]:
     return [o.token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)]
 
 
+@pytest.mark.slow
 def test_identical_outputs_cache_chunking_preemption(smollm2_fp32, prompts):
     assert len(prompts) >= 8
     engine = smollm2_fp32.engine
-    budget = engine.config.max_num_batched_tokens
+    budget = engine.config.scheduler.max_num_batched_tokens
     engine.pool.reset_prefix_cache()
     engine.pool.enable_prefix_caching = False
-    engine.config.max_num_batched_tokens = 1 << 16
+    set_budget(engine, 1 << 16)
     try:
         reference = outputs(smollm2_fp32, prompts)  # no cache, unlimited budget: every prompt in one step
     finally:
         engine.pool.enable_prefix_caching = True
-        engine.config.max_num_batched_tokens = budget
+        set_budget(engine, budget)
     assert outputs(smollm2_fp32, prompts) == reference  # cache on, cold
     before = smollm2_fp32.stats()
     assert outputs(smollm2_fp32, prompts) == reference  # cache on, warm: nearly every prompt token is a hit
     hits = smollm2_fp32.stats()["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
     assert hits >= sum((len(p) - 1) // 16 * 16 for p in prompts)
 
-    engine.config.max_num_batched_tokens = 32
+    set_budget(engine, 32)
     engine.pool.reset_prefix_cache()
     try:
         assert outputs(smollm2_fp32, prompts) == reference  # heavy chunking
     finally:
-        engine.config.max_num_batched_tokens = budget
+        set_budget(engine, budget)
 
-    small = LLM("smollm2", dtype="float32", num_kv_blocks=80, max_num_batched_tokens=256)
+    small = LLM("smollm2", dtype="float32", num_kv_blocks=80, scheduler=SchedulerConfig(max_num_batched_tokens=256))
     assert outputs(small, prompts) == reference  # a pool too small for the batch
     assert small.stats()["num_preemptions"] > 0
     assert small.stats()["free_blocks"] == 80

@@ -23,7 +23,7 @@ def comparable_prefix(case) -> int:
     return next((i for i, m in enumerate(case["top1_minus_top2_logit"]) if m < NEAR_TIE), 32)
 
 
-@pytest.mark.parametrize("kernel", ["native", "torch"])
+@pytest.mark.parametrize("kernel", ["native", pytest.param("torch", marks=pytest.mark.slow)])
 def test_matches_stored_transformers_reference(smollm2_fp32, kernel):
     """Both decode paths: the native kernel (the default on a CPU) over the GGUF's own blocks, and torch."""
     assert len(CASES) >= 8 and all(200 <= len(c["prompt_ids"]) <= 2048 for c in CASES)
@@ -51,6 +51,7 @@ def transformers_model():
     ).eval()
 
 
+@pytest.mark.slow
 def test_matches_transformers_live(smollm2_fp32, transformers_model):
     """The reference generated now, by transformers loading the same GGUF, on prompts of 3 lengths."""
     picked = [c for c in CASES if c["name"] in ("_sitebuiltins.py", "_bootsubprocess.py", "_compat_pickle.py")]

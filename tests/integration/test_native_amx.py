@@ -18,7 +18,7 @@ from warmpath.models.loader import load_checkpoint
 from warmpath.models.registry import resolve_model
 from warmpath.workloads import stdlib_files
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "kernels"))
 from test_native_kernel import int8_activation_reference, random_blocks  # noqa: E402
 
 

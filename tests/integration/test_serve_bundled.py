@@ -8,10 +8,12 @@ from server_harness import serve_process
 
 from warmpath import SamplingParams
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def served():
-    with serve_process("--dtype", "float32") as (url, _):
+    with serve_process("--model", "smollm2", "--dtype", "float32") as (url, _):
         yield url
 
 

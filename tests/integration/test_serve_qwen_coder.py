@@ -10,6 +10,8 @@ from server_harness import serve_process
 
 from warmpath.api.fim import MIN_SUFFIX_TOKENS
 
+pytestmark = pytest.mark.server
+
 PREFIX = "def fib(n):\n    if n < 2:\n        return n\n"
 SUFFIX = "\n\nprint(fib(10))\n"
 MIDDLE = "returnfib(n-1)+fib(n-2)"
@@ -119,6 +121,7 @@ def test_zed_gets_the_middle_under_the_tagged_name_and_it_ends_where_the_code_en
     assert cuts(httpx.get(f"{served}/metrics").text) >= cuts(before) + 1
 
 
+@pytest.mark.slow
 def test_a_restarted_server_reads_the_prefix_back_from_the_kv_tier_and_answers_the_same(tmp_path):
     """The disk tier on the real model (the native kernel's own bf16 KV): after a restart the file's prefix comes
     back from disk, not from a recompute, and the greedy answer is the one a cold prompt gives."""

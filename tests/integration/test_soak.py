@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 ROOT = Path(__file__).parents[2]
 JUDGED = ("client-visible errors", "streams cut by the kills", "kills and restarts", "KV blocks held at the end",
           "tier within --kv-offload-bytes", "answers identical to a fresh server's")

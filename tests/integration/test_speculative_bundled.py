@@ -3,9 +3,12 @@ and off, for each proposer, in the exact configuration (fp32) and in the default
 guesses were verified and partly kept (the speedup's source), not skipped."""
 
 import pytest
+from engine_checks import FlatStepTimes
 from test_determinism_bundled import real_code_prompts
 
 from warmpath import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
 
 # Code that repeats itself (what the proposers feed on) beside code that does not, decoded together.
 PROMPTS = [p + p.split("\n", 1)[0] + "\n" for p in real_code_prompts(6)]
@@ -24,9 +27,7 @@ def test_greedy_outputs_on_real_code_are_the_same_with_speculation_on_and_off(co
     off = _outputs(LLM("smollm2", speculative_method="none", num_kv_blocks=1024, **config))
     for method in ("ngram", "suffix"):
         llm = LLM("smollm2", speculative_method=method, speculative_max_seqs=8, num_kv_blocks=1024, **config)
-        times = llm.engine.speculator.decode_times  # verifying always pays: exactness is what is tested here
-        times.seconds = [0.01] * len(times.seconds)
-        times.record = lambda rows, seconds: None
+        llm.engine.speculator.decode_times = FlatStepTimes()  # verifying always pays: exactness is tested here
         assert _outputs(llm) == off, method
         spec = llm.engine.speculator
         assert 0 < spec.accepted <= spec.proposed, (method, spec.proposed, spec.accepted)

@@ -17,6 +17,8 @@ from tabby_agent import Lsp, agent_cli
 from warmpath.config import RouterConfig
 from warmpath.router.app import create_router_app
 
+pytestmark = pytest.mark.server
+
 README = Path(__file__).parents[2] / "README.md"
 DOC = "def fibonacci(n):\n    if n < 2:\n        return n\n    return "
 CURSOR = {"line": 3, "character": len("    return ")}  # the end of the document
@@ -40,7 +42,7 @@ def cli() -> Path:
 
 @pytest.fixture(scope="module")
 def served():
-    with serve_process("--dtype", "float32") as (url, _):
+    with serve_process("--model", "smollm2", "--dtype", "float32") as (url, _):
         yield url
 
 

@@ -5,10 +5,9 @@ special ids, the family's FIM template and stops found in the vocabulary."""
 import pytest
 from llama_vocab import NAMES, fetch_vocabs, vocab_cases
 
-from warmpath.api.fim import repo_context
+from warmpath.api.fim import detect_fim, fim_stop_ids, repo_context
 from warmpath.models.gguf_file import read_gguf
 from warmpath.models.gguf_meta import read_tokenizer
-from warmpath.server.prompts import detect_fim, fim_stop_ids
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,16 @@
-"""Fill-in-the-middle templates by model family: the layout of a FIM prompt, the family's stop tokens and its
-repository-level context. Pure text, shared by the server (which finds the family from its tokenizer's special
-tokens) and the router (which renders the prompt itself for an engine that rejects `suffix`, finding the family
-from the node's model name)."""
+"""The FIM prompt, built in one place: a model's family (from its vocabulary or its name: one rule), the family's
+layout, stops and repository context, the anchored layout, the suffix a prompt keeps, a prompt written in another
+family's markers, and `render()`, which makes a Fill (the text around the hole) the prompt text. Pure text, typed
+against a small Vocabulary: the server, the router (for an engine that rejects `suffix`), the simulator and the
+evaluation all render here."""
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 # The anchored layout (prefix-first families): the prompt's prefix ends at a line start a few lines above the
 # cursor, and the lines from there to the cursor open the middle, after the middle marker (FIM training splits
@@ -24,6 +27,19 @@ LAYOUTS = ("anchored", "cursor")  # cursor: the plain layout, the prefix up to t
 # points of pass@1 (benchmarks/results/fim_suffix_quality_qwen05_epyc_avx2.json).
 SUFFIX_MS = 250.0
 MIN_SUFFIX_TOKENS = 64
+
+
+class Vocabulary(Protocol):
+    """What the FIM prompt needs of a tokenizer (models/tokenizer.Tokenizer is one)."""
+
+    @property
+    def special_tokens(self) -> Mapping[str, int]: ...
+
+    def token_to_id(self, text: str) -> int | None: ...
+
+
+def _has(vocab: Vocabulary, token: str) -> bool:
+    return token in vocab.special_tokens or vocab.token_to_id(token) is not None
 
 
 @dataclass(frozen=True)
@@ -193,11 +209,134 @@ FAMILY_NAMES = (("qwen2.5-coder", "qwen2.5-coder"), ("qwen-coder", "qwen2.5-code
                 ("starcoder", "starcoder"), ("deepseek-coder", "deepseek-coder"), ("codestral", "codestral"))
 
 
-def fim_for_model(model: str) -> FimTemplate | None:
-    """The FIM template of the family a model's name says it belongs to; None for a model of no known family
-    (it completes from the prefix alone, as the server does for a model without FIM tokens)."""
-    name = model.lower()
-    for fragment, family in FAMILY_NAMES:
-        if fragment in name:
-            return next(t for t in FIM_TEMPLATES if t.name == family)
+def detect_fim(vocab: Vocabulary | None = None, model: str = "") -> FimTemplate | None:
+    """The FIM family of a model; None: it has none (its prompts are the prefix alone). The vocabulary decides when
+    there is one (the server's: the family whose markers it has, the repo-level markers it lacks dropped, so other
+    files go in as text); without one (the router, the simulator, the evaluation) the model's name stands for it
+    (FAMILY_NAMES)."""
+    if vocab is None:
+        name = model.lower()
+        family = next((f for fragment, f in FAMILY_NAMES if fragment in name), None)
+        return next((t for t in FIM_TEMPLATES if t.name == family), None)
+    for t in FIM_TEMPLATES:
+        if all(_has(vocab, tok) for tok in t.tokens):
+            if t.file_sep and not _has(vocab, t.file_sep):
+                return replace(t, file_sep=None, repo_header=None)
+            if t.repo_header and not _has(vocab, t.repo_header.split("{repo}")[0]):
+                return replace(t, repo_header=None)
+            return t
     return None
+
+
+def fim_stop_ids(vocab: Vocabulary, template: FimTemplate) -> list[int]:
+    """The ids of the family's stop tokens this vocabulary has (each a single token)."""
+    ids = (vocab.token_to_id(t) for t in template.stops)
+    return sorted({i for i in ids if i is not None})
+
+
+def split_literal(prompt: str, vocab: Vocabulary) -> tuple[str, str, str] | None:
+    """(prefix, suffix, family) when the prompt is exactly one family's FIM layout written out as text (Continue
+    with `provider: openai` renders `<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>` itself for a model
+    name it does not know) and this vocabulary does not have that family's tokens: the hole is then filled this
+    model's way instead of the markers being completed as text. None otherwise."""
+    for t in FIM_TEMPLATES:
+        if not all(tok in prompt for tok in t.tokens):
+            continue
+        if all(_has(vocab, tok) for tok in t.tokens):
+            return None  # the model's own markers: they are tokenized as its special tokens
+        pattern = re.escape(t.layout.replace("{context}", "")).replace(r"\{prefix\}", "(?P<prefix>.*)")
+        pattern = pattern.replace(r"\{suffix\}", "(?P<suffix>.*)")
+        m = re.fullmatch(pattern, prompt, re.DOTALL)
+        if m and not any(tok in m["prefix"] or tok in m["suffix"] for tok in t.tokens):
+            return m["prefix"], m["suffix"], t.name
+    return None
+
+
+# -- a Fill as prompt text ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fill:
+    """The text around the hole: the model writes what goes between `prefix + middle` and `suffix`.
+
+    `middle` is the cursor's line so far (llama.cpp's `prompt`): rendered last, after the FIM middle marker, so
+    everything before it stays in the prefix cache while the developer types along one line.
+    """
+
+    prefix: str
+    suffix: str | None = None  # None: a plain completion of the prefix
+    middle: str = ""
+    extra: Sequence[ContextFile] = field(default_factory=list)  # in the client's order (stable keystroke to keystroke)
+    repo: str = ""  # the repository's name (Tabby's git_url): the context's repo header, where the family has one
+    filename: str = ""  # the file being edited (Tabby's filepath): the context's last file separator names it
+
+    def routing_text(self) -> str:
+        """What the router's prefix policy hashes: the parts in the order they are rendered (context, sorted as
+        repo_context sorts it, then prefix, line), so requests that share a rendered prefix share a routing
+        prefix."""
+        context = "".join(sorted({f"{e.filename}\x1f{e.text}\x1e" for e in self.extra}))
+        where = f"{self.repo}\x1f{self.filename}\x1d" if self.extra and (self.repo or self.filename) else ""
+        return where + context + self.prefix + self.middle
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A Fill as prompt text, and what the answer's end depends on."""
+
+    text: str
+    fim_mode: str | None  # the family's name; "prefix-only" (no FIM tokens); None: a plain completion
+    stops: tuple[str, ...] = ()  # the family's markers: the answer ends at one
+    cursor: tuple[str, str] | None = None  # the text before and after the cursor: the completion scope's
+
+
+def render(fill: Fill, template: FimTemplate | None, layout: str = "anchored") -> Rendered:
+    """The prompt: repository context, then the family's FIM layout (or the prefix alone for a model without FIM
+    tokens: the scope cuts where the suffix begins), then the cursor's line (last, so what comes before it stays
+    cached while the developer types along the line). A prompt with no suffix that is written in the family's own
+    layout (Zed writes it itself) is sent as it is, and answered as a FIM prompt."""
+    context = repo_context(fill.extra, template, fill.repo, fill.filename)
+    if fill.suffix is None:
+        text = context + fill.prefix + fill.middle
+        own = template.split(text) if template is not None else None
+        return Rendered(text, None) if own is None else Rendered(text, template.name, template.stops, own)
+    cursor = (fill.prefix + fill.middle, fill.suffix)
+    if template is None:
+        return Rendered(context + fill.prefix + fill.middle, "prefix-only", (), cursor)
+    return Rendered(template.build(fill.prefix, fill.suffix, context, layout) + fill.middle, template.name,
+                    template.stops, cursor)
+
+
+@dataclass(frozen=True)
+class FimFormat:
+    """How one model's prompts are rendered: its family (None: the prefix alone), the layout, the suffix kept
+    (`suffix_tokens`, its first lines as `count` counts tokens; None: all of it) and the vocabulary a prompt written
+    in another family's markers is read against (None: not read)."""
+
+    template: FimTemplate | None
+    layout: str = "anchored"
+    suffix_tokens: int | None = None
+    count: Callable[[str], int] | None = None
+    vocab: Vocabulary | None = None
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"--fim-layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+
+    def hole_at_end(self, fill: Fill) -> Fill:
+        """Other files without a suffix (OpenAI's `extra` alone): still a FIM prompt, the context where the family
+        reads it and the hole at the end. Decided once per request, before any context is cut to fit."""
+        if fill.suffix is None and self.template is not None and any(e.text or e.filename for e in fill.extra):
+            return replace(fill, suffix="")
+        return fill
+
+    def render(self, fill: Fill) -> Rendered:
+        """render() in this model's format: a prompt written in another family's markers, which this vocabulary
+        has no tokens for, is read as the prefix and suffix it holds; the suffix's first lines only, while the
+        answer's scope reads all of it."""
+        if fill.suffix is None and self.vocab is not None and (split := split_literal(fill.prefix, self.vocab)):
+            prefix, suffix, family = split
+            r = self.render(replace(fill, prefix=prefix, suffix=suffix))  # a suffix now: read once
+            return replace(r, fim_mode=f"{r.fim_mode}; the prompt's {family} markers read as prefix and suffix")
+        if self.suffix_tokens is None or not fill.suffix or self.template is None or self.count is None:
+            return render(fill, self.template, self.layout)
+        r = render(replace(fill, suffix=keep_suffix(fill.suffix, self.suffix_tokens, self.count)), self.template,
+                   self.layout)
+        return replace(r, cursor=(r.cursor[0], fill.suffix)) if r.cursor else r

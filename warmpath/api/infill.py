@@ -1,4 +1,4 @@
-"""llama.cpp's `POST /infill` (llama.vim, llama.vscode) to and from a Fill.
+"""llama.cpp's `POST /infill` (llama.vim, llama.vscode) to and from an Ask.
 
 The body: `input_prefix`, `input_suffix`, `input_extra: [{text, filename, time}]`, `prompt` (the cursor's line so
 far: rendered after the FIM middle marker), `n_predict` (-1: up to the context; 0: only fill the cache, the
@@ -21,8 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from warmpath.api.fill import Extra, Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import Scope, encodable, stop_strings
+from warmpath.api.ask import Ask, Outcome
+from warmpath.api.bodies import compact, parse_json, shaped, validation_message
+from warmpath.api.fim import ContextFile, Fill
+from warmpath.api.protocol import encodable, stop_strings
+from warmpath.config import CompletionScope
 
 NAME, PATHS = "infill", ("/infill",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"  # FRAMING: how the router splits a stream into whole events
@@ -60,7 +63,7 @@ class InfillBody(BaseModel):
     cache_prompt: bool = True
     n_cmpl: int = Field(default=1, ge=1, le=16)
     model: str | None = None
-    scope: Scope | None = None  # warmpath's: where the answer ends (api/scope.py)
+    scope: CompletionScope | None = None  # warmpath's: where the answer ends (api/scope.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("input_prefix", "input_suffix", "prompt", "stop")
@@ -84,7 +87,7 @@ def error(status: int, message: str, param: str | None = None):
     return shaped(status, {"error": {"code": status, "message": message[:1000], "type": kind}})
 
 
-def parse(raw: bytes) -> Fill:
+def parse(raw: bytes) -> Ask:
     body = parse_json(raw, error)
     try:
         b = InfillBody.model_validate(body)
@@ -94,28 +97,28 @@ def parse(raw: bytes) -> Fill:
         message = validation_message(e)[0] if isinstance(e, ValidationError) else str(e)
         raise error(400, message) from None
     on = (lambda name: True) if b.samplers is None else (lambda name: name in b.samplers)  # noqa: E731
-    return Fill(prefix=b.input_prefix, suffix=b.input_suffix, middle=b.prompt,
-                extra=[Extra(e.filename, e.text) for e in b.input_extra if e.text],
-                max_tokens=None if b.n_predict < 0 else b.n_predict,
-                temperature=b.temperature if on("temperature") else 1.0,
-                top_k=b.top_k if on("top_k") else 0, top_p=b.top_p if on("top_p") else 1.0,
-                seed=None if b.seed < 0 else b.seed, stop=b.stop, stream=b.stream, model=b.model,
-                prompt_ms=b.t_max_prompt_ms if b.t_max_prompt_ms > 0 else None,
-                predict_ms=b.t_max_predict_ms if b.t_max_predict_ms > 0 else None, n_indent=b.n_indent,
-                scope=b.scope, min_confidence=b.min_confidence,
-                options={"response_fields": b.response_fields or [], "id_slot": b.id_slot})
+    return Ask(kind=NAME, fill=Fill(prefix=b.input_prefix, suffix=b.input_suffix, middle=b.prompt,
+                                    extra=[ContextFile(e.filename, e.text) for e in b.input_extra if e.text]),
+               max_tokens=None if b.n_predict < 0 else b.n_predict,
+               temperature=b.temperature if on("temperature") else 1.0,
+               top_k=b.top_k if on("top_k") else 0, top_p=b.top_p if on("top_p") else 1.0,
+               seed=None if b.seed < 0 else b.seed, stop=b.stop, stream=b.stream, model=b.model,
+               prompt_ms=b.t_max_prompt_ms if b.t_max_prompt_ms > 0 else None,
+               predict_ms=b.t_max_predict_ms if b.t_max_predict_ms > 0 else None, n_indent=b.n_indent,
+               scope=b.scope, min_confidence=b.min_confidence,
+               options={"response_fields": b.response_fields or [], "id_slot": b.id_slot})
 
 
-def _result(fill: Fill, out: Outcome, model: str | None, content: str) -> dict:
+def _result(ask: Ask, out: Outcome, model: str | None, content: str) -> dict:
     prompt_n = max(0, out.prompt_tokens - out.cached_tokens)
     prompt_ms, predicted_ms = out.prompt_s * 1000, out.predict_s * 1000
     return {
-        "index": 0, "content": content, "tokens": [], "id_slot": fill.options.get("id_slot", -1), "stop": True,
+        "index": 0, "content": content, "tokens": [], "id_slot": ask.options.get("id_slot", -1), "stop": True,
         "model": model, "tokens_predicted": out.generated_tokens, "tokens_evaluated": out.prompt_tokens,
-        "generation_settings": {"n_predict": -1 if fill.max_tokens is None else fill.max_tokens,
-                                "temperature": fill.temperature, "top_k": fill.top_k, "top_p": fill.top_p,
-                                "seed": -1 if fill.seed is None else fill.seed, "n_indent": fill.n_indent,
-                                "t_max_prompt_ms": fill.prompt_ms or -1, "t_max_predict_ms": fill.predict_ms or -1},
+        "generation_settings": {"n_predict": -1 if ask.max_tokens is None else ask.max_tokens,
+                                "temperature": ask.temperature, "top_k": ask.top_k, "top_p": ask.top_p,
+                                "seed": -1 if ask.seed is None else ask.seed, "n_indent": ask.n_indent,
+                                "t_max_prompt_ms": ask.prompt_ms or -1, "t_max_predict_ms": ask.predict_ms or -1},
         "has_new_line": "\n" in out.text, "truncated": out.truncated, "stop_type": _STOP_TYPE.get(out.finish, "limit"),
         "stopping_word": "", "tokens_cached": out.cached_tokens,
         # warmpath's own: "deadline" / "overloaded" / "low_confidence" for a silent answer, and the confidence
@@ -149,21 +152,21 @@ def _fields(result: dict, paths: list[str]) -> dict:
     return picked
 
 
-def answer(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
-    return compact(_fields(_result(fill, out, model, "" if out.silent else out.text),
-                           fill.options.get("response_fields", [])))
+def answer(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
+    return compact(_fields(_result(ask, out, model, "" if out.silent else out.text),
+                           ask.options.get("response_fields", [])))
 
 
-def event(fill: Fill, request_id: str, text: str, out: Outcome, model: str | None) -> bytes:
+def event(ask: Ask, request_id: str, text: str, out: Outcome, model: str | None) -> bytes:
     """One streamed piece of text."""
-    payload = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": fill.options.get("id_slot", -1),
+    payload = {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": ask.options.get("id_slot", -1),
                "tokens_predicted": out.generated_tokens, "tokens_evaluated": out.prompt_tokens}
     return b"data: " + compact(payload) + b"\n\n"
 
 
-def end(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
+def end(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     """The stream's last event: the whole result with empty content (the text went before) and stop: true."""
-    return b"data: " + compact(_fields(_result(fill, out, model, ""), fill.options.get("response_fields", []))) \
+    return b"data: " + compact(_fields(_result(ask, out, model, ""), ask.options.get("response_fields", []))) \
         + b"\n\n"
 
 

@@ -1,4 +1,4 @@
-"""Mistral's `POST /v1/fim/completions` (Continue's `provider: mistral`, the `mistralai` client) to and from a Fill.
+"""Mistral's `POST /v1/fim/completions` (Continue's `provider: mistral`, the `mistralai` client) to and from an Ask.
 
 The body: `model`, `prompt` (the prefix), `suffix`, `max_tokens`, `temperature` (default 0.7, Codestral's),
 `top_p`, `stop`, `random_seed`, `stream`, `prompt_cache_key` (a session key when no X-Session-Id is sent);
@@ -14,8 +14,11 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from warmpath.api.fill import Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import Scope, encodable, stop_strings
+from warmpath.api.ask import Ask, Outcome
+from warmpath.api.bodies import compact, parse_json, shaped, validation_message
+from warmpath.api.fim import Fill
+from warmpath.api.protocol import encodable, stop_strings
+from warmpath.config import CompletionScope
 
 NAME, PATHS = "mistral", ("/v1/fim/completions",)
 STREAM_MEDIA, FRAMING = "text/event-stream", "sse"
@@ -34,7 +37,7 @@ class FimBody(BaseModel):
     random_seed: int | None = Field(default=None, ge=0, lt=2**63)
     stream: bool = False
     prompt_cache_key: str | None = Field(default=None, max_length=256)
-    scope: Scope | None = None  # warmpath's: where the answer ends (api/scope.py)
+    scope: CompletionScope | None = None  # warmpath's: where the answer ends (api/scope.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("prompt", "suffix", "stop")
@@ -53,7 +56,7 @@ def error(status: int, message: str, param: str | None = None):
     return shaped(status, {"object": "error", "message": message[:1000], "type": kind, "param": param, "code": None})
 
 
-def parse(raw: bytes) -> Fill:
+def parse(raw: bytes) -> Ask:
     body = parse_json(raw, error)
     try:
         b = FimBody.model_validate(body)
@@ -64,10 +67,10 @@ def parse(raw: bytes) -> Fill:
         stops = stop_strings(b.stop)
     except ValueError as e:
         raise error(422, str(e), "stop") from None
-    return Fill(prefix=b.prompt, suffix=b.suffix, max_tokens=b.max_tokens,
-                temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p, seed=b.random_seed,
-                stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key, scope=b.scope,
-                min_confidence=b.min_confidence)
+    return Ask(kind=NAME, fill=Fill(prefix=b.prompt, suffix=b.suffix), max_tokens=b.max_tokens,
+               temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p, seed=b.random_seed,
+               stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key, scope=b.scope,
+               min_confidence=b.min_confidence)
 
 
 def _usage(out: Outcome) -> dict:
@@ -76,7 +79,7 @@ def _usage(out: Outcome) -> dict:
             "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
 
 
-def answer(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
+def answer(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     return compact({"id": request_id, "object": "chat.completion", "model": model, "created": int(time.time()),
                     "usage": _usage(out), "choices": [{"index": 0, "message": {
                         "role": "assistant", "content": "" if out.silent else out.text}, "finish_reason": out.finish}]})
@@ -90,11 +93,11 @@ def _chunk(request_id: str, model: str | None, delta: dict, finish: str | None, 
     return b"data: " + compact(body) + b"\n\n"
 
 
-def event(fill: Fill, request_id: str, text: str, out: Outcome, model: str | None) -> bytes:
+def event(ask: Ask, request_id: str, text: str, out: Outcome, model: str | None) -> bytes:
     return _chunk(request_id, model, {"role": "assistant", "content": text}, None)
 
 
-def end(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
+def end(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     return _chunk(request_id, model, {"content": ""}, out.finish, _usage(out)) + b"data: [DONE]\n\n"
 
 

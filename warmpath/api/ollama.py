@@ -1,4 +1,4 @@
-"""Ollama's `POST /api/generate` (Continue's `provider: ollama`, the `ollama` clients) to and from a Fill, and the
+"""Ollama's `POST /api/generate` (Continue's `provider: ollama`, the `ollama` clients) to and from an Ask, and the
 model listings those clients read first (`/api/show`, `/api/tags`, `/api/version`).
 
 The body: `model`, `prompt`, `suffix` (FIM), `system`, `raw` (no template), `stream` (default true),
@@ -18,8 +18,11 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from warmpath.api.fill import Fill, Outcome, compact, parse_json, shaped, validation_message
-from warmpath.api.protocol import Scope, encodable, stop_strings
+from warmpath.api.ask import Ask, Outcome
+from warmpath.api.bodies import compact, parse_json, shaped, validation_message
+from warmpath.api.fim import Fill
+from warmpath.api.protocol import encodable, stop_strings
+from warmpath.config import CompletionScope
 
 NAME, PATHS = "ollama", ("/api/generate",)
 STREAM_MEDIA, FRAMING = "application/x-ndjson", "ndjson"
@@ -51,7 +54,7 @@ class GenerateBody(BaseModel):
     raw: bool = False
     stream: bool = True
     options: Options = Field(default_factory=Options)
-    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
+    scope: CompletionScope | None = None  # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
 
     @field_validator("prompt", "suffix", "system")
@@ -64,7 +67,7 @@ def error(status: int, message: str, param: str | None = None):
     return shaped(status, {"error": message[:1000]})
 
 
-def parse(raw: bytes) -> Fill:
+def parse(raw: bytes) -> Ask:
     body = parse_json(raw, error)
     for name in REFUSED:
         if body.get(name) not in (None, "", [], {}):
@@ -78,11 +81,11 @@ def parse(raw: bytes) -> Fill:
     o = b.options
     # -1 unbounded, -2 "fill the context": both up to the context here; 0 would be nothing at all
     max_tokens = None if o.num_predict < 0 else max(1, o.num_predict)
-    return Fill(prefix=b.prompt, suffix=b.suffix, chat=not b.raw and b.suffix is None, system=b.system,
-                max_tokens=max_tokens, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-                seed=None if o.seed is None or o.seed < 0 else o.seed, stop=o.stop, stream=b.stream,
-                model=served_name(b.model), scope=b.scope, min_confidence=b.min_confidence,
-                options={"load_only": not b.prompt and b.suffix is None})
+    return Ask(kind=NAME, fill=Fill(prefix=b.prompt, suffix=b.suffix), chat=not b.raw and b.suffix is None,
+               system=b.system, max_tokens=max_tokens, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
+               seed=None if o.seed is None or o.seed < 0 else o.seed, stop=o.stop, stream=b.stream,
+               model=served_name(b.model), scope=b.scope, min_confidence=b.min_confidence,
+               options={"load_only": not b.prompt and b.suffix is None})
 
 
 def served_name(name: str) -> str:
@@ -103,15 +106,15 @@ def _final(out: Outcome, model: str | None, text: str) -> dict:
             "eval_count": out.generated_tokens, "eval_duration": int(out.predict_s * ns)}
 
 
-def answer(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
+def answer(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     return compact(_final(out, model, "" if out.silent else out.text))
 
 
-def event(fill: Fill, request_id: str, text: str, out: Outcome, model: str | None) -> bytes:
+def event(ask: Ask, request_id: str, text: str, out: Outcome, model: str | None) -> bytes:
     return compact({"model": model, "created_at": _now(), "response": text, "done": False}) + b"\n"
 
 
-def end(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
+def end(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     return compact(_final(out, model, "")) + b"\n"
 
 

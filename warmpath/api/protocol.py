@@ -1,4 +1,5 @@
-"""OpenAI-compatible request bodies (pydantic), the one chat-content rule, and the error object.
+"""OpenAI-compatible request bodies (pydantic) and each as an Ask (api/ask.py), the one chat-content rule, and the
+error object.
 
 Types are strict (`"stream": "yes"` or a token id `"7"` is a 400, not coerced). Unknown fields are ignored, as
 OpenAI clients send many we have no use for; but a known parameter we do not implement is refused by name
@@ -12,8 +13,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from warmpath.api.ask import Ask
+from warmpath.api.fim import ContextFile, Fill
+from warmpath.config import CompletionScope
+
 MAX_LOGPROBS = 20  # the engine's bound (engine/request.py), which this layer does not import
-Scope = Literal["auto", "statement", "line", "block", "none"]  # where a FIM answer ends (api/scope.py SCOPES)
 
 # Parameter -> its neutral values: what clients send when they do not mean to use it.
 UNSUPPORTED = {
@@ -92,6 +96,13 @@ class SamplingFields(BaseModel):
         """Top alternatives per sampled token the answer reports; None: no logprobs."""
         return None
 
+    def _asked(self) -> dict:
+        """The Ask's fields every OpenAI body has."""
+        return {"model": self.model, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "seed": self.seed, "stop": self.stop or [], "stream": self.stream, "user": self.user,
+                "include_usage": bool((self.stream_options or {}).get("include_usage")), "cache_salt": self.cache_salt,
+                "ignore_eos": self.ignore_eos, "num_logprobs": self.num_logprobs, "exact_max_tokens": True}
+
     @field_validator("stream_options")
     @classmethod
     def include_usage_bool(cls, v):
@@ -119,7 +130,7 @@ class SamplingFields(BaseModel):
 
 class ExtraFile(BaseModel):
     """Repository context for a completion: another file (or a chunk of one) by its path (llama.vim's input_extra
-    chunk); the server puts it before the prefix in the model family's repo-level form (server/prompts.py)."""
+    chunk); the server puts it before the prefix in the model family's repo-level form (api/fim.py)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
     filename: str = Field(default="", max_length=4096)
@@ -138,7 +149,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False  # the prompt's text before the completion's
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token
-    scope: Scope | None = None  # warmpath's: where a fill-in-the-middle answer ends; None: the server's default
+    scope: CompletionScope | None = None  # warmpath's: where a FIM answer ends; None: the server's default
     # warmpath's: a fill-in-the-middle answer less sure than this is silence (server/confidence.py)
     min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
@@ -152,6 +163,23 @@ class CompletionRequest(SamplingFields):
             raise ApiError(400, "echo with logprobs needs the prompt's logprobs, which are not supported", param="echo",
                            code="unsupported_parameter")
         return self
+
+    @model_validator(mode="after")
+    def token_ids_without_suffix(self):
+        if not isinstance(self.prompt, str) and (self.suffix or self.extra):
+            raise ApiError(400, "suffix and extra need a text prompt", param="suffix" if self.suffix else "extra")
+        return self
+
+    def ask(self) -> Ask:
+        """A text prompt as a Fill (`suffix: ""` is no suffix; `extra` alone still makes a FIM prompt: FimFormat
+        hole_at_end); token ids as they are."""
+        fill = None
+        if isinstance(self.prompt, str):
+            fill = Fill(prefix=self.prompt, suffix=self.suffix or None,
+                        extra=[ContextFile(e.filename, e.text) for e in self.extra or []])
+        return Ask(kind="completion", fill=fill, token_ids=None if fill else list(self.prompt),
+                   max_tokens=self.max_tokens, echo=self.echo, scope=self.scope, min_confidence=self.min_confidence,
+                   **self._asked())
 
     @field_validator("prompt", "suffix")
     @classmethod
@@ -209,6 +237,10 @@ class ChatRequest(SamplingFields):
     @property
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def ask(self) -> Ask:
+        return Ask(kind="chat", messages=[{"role": m.role, "content": m.text()} for m in self.messages],
+                   max_tokens=self.max_completion_tokens or self.max_tokens, **self._asked())
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

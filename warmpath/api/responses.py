@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from warmpath.api.fill import SILENT
+from warmpath.api.ask import SILENT
 from warmpath.api.protocol import error_body
 
 SSE_DONE = "data: [DONE]\n\n"

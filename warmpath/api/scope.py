@@ -37,13 +37,17 @@ line is missing and lower where several are (README, "Where an answer ends").
 When a line is cut, the answer ends with the line before it, without its newline when the suffix starts with one
 (the cursor at a line's end), so the suffix follows as in the file; with its newline when the cursor is at the
 start of code (inserting lines above it). Text is held back only while a rule could still cut it, so an answer
-still streams token by token. Pure text: a Scope sees the prefix (up to the cursor), the suffix and the answer's
+still streams token by token. Pure text: a ScopeCutter sees the prefix (up to the cursor), the suffix and the answer's
 text deltas, nothing else.
 """
 
 from __future__ import annotations
 
-SCOPES = ("auto", "statement", "line", "block", "none")
+import typing
+
+from warmpath.config import CompletionScope
+
+SCOPES = typing.get_args(CompletionScope)
 RULES = ("line", "suffix", "dedent", "statement", "repeat", "gap", "body")
 REPEAT_LINES = 8  # the longest block whose repetition ends an answer
 SUFFIX_LINES = 5  # the suffix's lines an answer must not write again
@@ -97,7 +101,7 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-class Scope:
+class ScopeCutter:
     """A cutter (api/cutters.py's interface): feed(delta, final) -> the text released; `cut` once a rule ended
     the answer, `rule` naming it."""
 
@@ -127,7 +131,7 @@ class Scope:
         # At the end of a complete line (nothing after the cursor, no opener), an answer that starts with a newline
         # is the next lines: scoped as on a blank line below, as tabby-agent's block scope at a line's end.
         self.may_go_below = self.may_open and not self.cursor_line.rstrip().endswith(OPENERS)
-        self.below_scope: Scope | None = None  # that blank line's scope, once the answer went there
+        self.below_scope: ScopeCutter | None = None  # that blank line's scope, once the answer went there
         # A blank line ends the answer, unless the answer is the body of an empty block (the line above the cursor
         # opens a block with no code under it yet): a body may hold blank lines.
         above = next((line for line in reversed(prefix.split("\n")[:-1]) if line.strip()), "")
@@ -165,7 +169,7 @@ class Scope:
     def feed(self, delta: str, final: bool = False) -> str:
         if self.below_scope is None and self.may_go_below and not self.text and delta.startswith("\n"):
             prefix, suffix, scope = self.request
-            self.below_scope = Scope(prefix + "\n", suffix, scope)
+            self.below_scope = ScopeCutter(prefix + "\n", suffix, scope)
             self.text, delta = "\n", delta[1:]
         if self.below_scope is not None:
             return self._feed_below(delta, final)

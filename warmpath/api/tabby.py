@@ -1,4 +1,4 @@
-"""Tabby's server API (its IDE extensions, through `tabby-agent`) to and from a Fill, and the small routes the
+"""Tabby's server API (its IDE extensions, through `tabby-agent`) to and from an Ask, and the small routes the
 agent reads first (`GET /v1/health`, `GET /v1beta/server_setting`, `POST /v1/events`).
 
 Tabby's completion is `POST /v1/completions`, OpenAI's path: `speaks` is the one rule, in the server and the
@@ -7,7 +7,7 @@ router alike, that tells the two apart by the body's shape: an object with `segm
 The body: `language`, `segments: {prefix, suffix, filepath, git_url, declarations: [{filepath, body}],
 relevant_snippets_from_changed_files / relevant_snippets_from_recently_opened_files: [{filepath, body, score}],
 clipboard}`, `user` (a session key when no X-Session-Id is sent), `temperature`, `seed`, `mode`,
-`debug_options`. Declarations and snippets are repository context (rendered by server/prompts.py repo_context
+`debug_options`. Declarations and snippets are repository context (rendered by api/fim.py repo_context
 before the prefix, sorted: the same set gives the same bytes keystroke to keystroke); when it does not all fit,
 the recently opened files' snippets go first, then the changed files', then declarations (Tabby's priority,
 reversed). `git_url` names the repository and `filepath` the file in that context's header (where the model's
@@ -35,7 +35,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from warmpath.api.fill import Extra, Fill, Outcome, compact, parse_json, shaped, validation_message
+from warmpath.api.ask import Ask, Outcome
+from warmpath.api.bodies import compact, parse_json, shaped, validation_message
+from warmpath.api.fim import ContextFile, Fill
 from warmpath.api.protocol import encodable
 from warmpath.cpu import cpu_name
 
@@ -106,7 +108,7 @@ def error(status: int, message: str, param: str | None = None):
     return shaped(status, message[:1000])
 
 
-def parse(raw: bytes) -> Fill:
+def parse(raw: bytes) -> Ask:
     body = parse_json(raw, error)
     try:
         b = CompletionBody.model_validate(body)
@@ -124,16 +126,19 @@ def parse(raw: bytes) -> Fill:
     temperature = 0.0 if b.temperature is None else b.temperature  # greedy unless asked
     seed = None if b.seed is None else b.seed % 2**63  # the engine's seeds are signed 64-bit
     if debug.raw_prompt is not None:  # Tabby: passed to the model as it is, segments ignored
-        return Fill(prefix=debug.raw_prompt, max_tokens=MAX_TOKENS, temperature=temperature, seed=seed, user=b.user)
+        return Ask(kind=NAME, fill=Fill(prefix=debug.raw_prompt), max_tokens=MAX_TOKENS, temperature=temperature,
+                   seed=seed, user=b.user)
     if b.segments is None:
         raise error(400, "empty prompt from completion request")
     s = b.segments
     crlf = "\r\n" in s.prefix or "\r\n" in (s.suffix or "")
     lf = (lambda t: t.replace("\r\n", "\n")) if crlf else (lambda t: t)  # noqa: E731
     snippets = [] if debug.disable_retrieval_augmented_code_completion else _snippets(s)
-    return Fill(prefix=lf(s.prefix), suffix=lf(s.suffix or ""), max_tokens=MAX_TOKENS, temperature=temperature,
-                seed=seed, extra=[Extra(x.filepath, lf(x.body)) for x in reversed(snippets) if x.body],
-                repo=repo_name(s.git_url or ""), filename=s.filepath or "", user=b.user, options={"crlf": crlf})
+    fill = Fill(prefix=lf(s.prefix), suffix=lf(s.suffix or ""), repo=repo_name(s.git_url or ""),
+                extra=[ContextFile(x.filepath, lf(x.body)) for x in reversed(snippets) if x.body],
+                filename=s.filepath or "")
+    return Ask(kind=NAME, fill=fill, max_tokens=MAX_TOKENS, temperature=temperature, seed=seed, user=b.user,
+               options={"crlf": crlf})
 
 
 def _snippets(s: Segments | None) -> list[Declaration]:
@@ -151,9 +156,9 @@ def repo_name(git_url: str) -> str:
     return tail.removesuffix(".git")
 
 
-def answer(fill: Fill, request_id: str, out: Outcome, model: str | None) -> bytes:
+def answer(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     text = "" if out.silent else out.text
-    if fill.options.get("crlf"):
+    if ask.options.get("crlf"):
         text = re.sub(r"(?<!\r)\n", "\r\n", text)
     return compact({"id": request_id, "choices": [{"index": 0, "text": text, "finish_reason": out.finish}],
                     "mode": "standard"})

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from warmpath.engine.deadline import expires_at, refusal
 from warmpath.engine.engine import Engine
-from warmpath.engine.request import EngineRequest, FinishReason, RequestMetrics, RequestOutput, expiry
+from warmpath.engine.request import EngineRequest, FinishReason, RequestMetrics, RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,7 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        r = self.request
-        end = expiry(r.deadline, r.prompt_deadline, bool(self._last and self._last.token_ids))
+        end = expires_at(self.request, bool(self._last and self._last.token_ids))
         try:
             item = await asyncio.wait_for(self._queue.get(), None if end is None else max(0.0, end - time.monotonic()))
         except TimeoutError:
@@ -102,9 +102,7 @@ class EngineSnapshot:
     @classmethod
     def of(cls, engine: Engine) -> EngineSnapshot:
         sched = engine.scheduler
-        left = tuple(r.num_tokens - r.num_computed_tokens - 1 for r in (*sched.waiting, *sched.running)
-                     if not r.warmup)
-        return cls(engine.stats(), left, sched.latency_chunk, sched.quick_until(), sched.clock)
+        return cls(engine.stats(), sched.prompt_left(), sched.latency_chunk, sched.quick_until(), sched.clock)
 
 
 @dataclass
@@ -144,9 +142,6 @@ class AsyncEngine:
         self._queued: dict[str, int] = {}
         self._stop = False
         self.error: BaseException | None = None
-        # Seconds per computed token, smoothed: the queue estimate behind "overloaded".
-        self.seconds_per_token = 0.0
-        self.step_overhead = 0.0
         # Called in the step thread after every step with the engine (metrics, tests). Must be quick.
         self.step_listeners: list = []
         self.snapshot = EngineSnapshot.of(engine)  # replaced (never changed) by the step thread
@@ -176,11 +171,10 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
         self.engine.check(request)
-        now = time.monotonic()
-        if request.deadline is not None and now + self.estimate_wait() > request.deadline:
+        refused = refusal(request, time.monotonic(), self.estimate_wait())
+        if refused is not None:
             self._send(_WarmUp(request))
-            return RequestStream(self, request, FinishReason.DEADLINE if now >= request.deadline
-                                 else FinishReason.OVERLOADED)
+            return RequestStream(self, request, refused)
         self._queued[request.request_id] = len(request.prompt_token_ids)
         stream = RequestStream(self, request)
         self._send(_Add(request, stream))
@@ -195,18 +189,17 @@ class AsyncEngine:
 
     def estimate_wait(self) -> float:
         """Seconds until a new request could be scheduled: the prompt tokens queued ahead of it (waiting
-        requests and unfinished prefills, and those not yet taken from the command queue), at the measured
-        cost per token and per step. With prompt chunks paced (Scheduler.latency_chunk), what is ahead takes at
-        most a chunk each per step: if that leaves room in the budget, the new request joins the next step."""
-        snap, budget = self.snapshot, self.engine.config.max_num_batched_tokens
+        requests and unfinished prefills, and those not yet taken from the command queue), at what a step costs
+        (StepCost). With prompt chunks paced (Scheduler.latency_chunk), what is ahead takes at most a chunk each
+        per step: if that leaves room in the budget, the new request joins the next step."""
+        snap, budget, cost = self.snapshot, self.engine.config.scheduler.max_num_batched_tokens, self.engine.cost
         remaining = [*snap.prompt_left, *self._queued.values()]  # warm-ups yield to everyone: not counted
         cap, quick = snap.latency_chunk, snap.clock() < snap.quick_until
         step = sum(min(n, cap) for n in remaining) if cap is not None and quick else budget
         if step < budget:  # the step that is running, then ours
-            return step * self.seconds_per_token + (self.step_overhead if step else 0.0)
+            return cost.seconds(step, 1)
         ahead = sum(remaining)
-        steps = -(-ahead // budget)
-        return ahead * self.seconds_per_token + steps * self.step_overhead
+        return cost.seconds(ahead, -(-ahead // budget))
 
     # -- step thread -----------------------------------------------------------------------------------
     def _drain_commands(self) -> None:
@@ -242,10 +235,7 @@ class AsyncEngine:
                     self._wake.wait()
                     self._wake.clear()
                     continue
-                before = self.engine.stats()["num_computed_tokens"]
-                t = time.perf_counter()
                 outputs = self.engine.step()
-                self._learn_cost(self.engine.stats()["num_computed_tokens"] - before, time.perf_counter() - t)
                 self.snapshot = EngineSnapshot.of(self.engine)
                 for listener in self.step_listeners:
                     listener(self.engine)
@@ -262,13 +252,3 @@ class AsyncEngine:
             for stream in self._streams.values():
                 stream.put(EngineDeadError(f"engine loop died: {e!r}"))
             self._streams.clear()
-
-    def _learn_cost(self, tokens: int, seconds: float) -> None:
-        """Step time ~ overhead + tokens x cost: small steps (decodes) teach the overhead, big ones the cost."""
-        def ema(old: float, new: float) -> float:
-            return new if old == 0 else 0.8 * old + 0.2 * new
-
-        if tokens >= 64:
-            self.seconds_per_token = ema(self.seconds_per_token, max(0.0, seconds - self.step_overhead) / tokens)
-        elif tokens > 0:
-            self.step_overhead = ema(self.step_overhead, seconds)

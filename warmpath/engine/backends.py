@@ -1,4 +1,4 @@
-"""Which backends an engine has, decided here alone. Every configuration is a Plan (engine/plan.py): named
+"""Which backends an engine has, decided here alone. Every configuration is a BackendPlan (engine/plan.py): named
 (`--plan native-int8`, a plan file), fixed by a dtype / kernel / activations the config names (or by a GPU), else
 measured on this machine at the first start of a model. The engine's backends are built from the plan alone, and
 runner.route() sends each step's sequences where the plan says."""
@@ -13,9 +13,9 @@ import torch
 
 from warmpath.config import EngineConfig
 from warmpath.engine.dtypes import resolve_dtype, resolve_kv_dtype
-from warmpath.engine.plan import TORCH_DTYPES, Plan, choose, fixed, native_options, single
+from warmpath.engine.plan import TORCH_DTYPES, BackendPlan, choose, fixed, native_options, single
 from warmpath.engine.plan_timing import load_or_measure
-from warmpath.kernels.native import ACTIVATIONS, NativeForward, NativeKernelError, available
+from warmpath.kernels.native import NativeForward, NativeKernelError, available
 from warmpath.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -25,20 +25,16 @@ TORCH_BACKEND = {torch.float32: "torch-fp32", torch.bfloat16: "torch-bf16", torc
 
 @dataclass
 class Backends:
-    plan: Plan
+    plan: BackendPlan
     native: NativeForward | None
     model: LlamaForCausalLM | None
     dtype: torch.dtype  # the torch model's (float32 without one)
     kv_dtype: torch.dtype
 
 
-def fixed_plan(config: EngineConfig) -> Plan | None:
+def fixed_plan(config: EngineConfig) -> BackendPlan | None:
     """The plan of a configuration that names its dtype, kernel or activations (or runs on a GPU); None when a
     plan is named or measured."""
-    if config.kernel not in ("auto", "native", "torch"):
-        raise ValueError(f"kernel must be auto, native or torch; got {config.kernel!r}")
-    if config.kernel_activations not in ("auto", *ACTIVATIONS):
-        raise ValueError(f"kernel_activations must be auto, fp32 or int8; got {config.kernel_activations!r}")
     named = (config.dtype, config.kernel, config.kernel_activations) != ("auto", "auto", "auto")
     if config.plan != "auto" or (not named and config.device == "cpu"):
         return None
@@ -60,12 +56,12 @@ def load_dtype(config: EngineConfig) -> torch.dtype:
     return resolve_dtype(config.dtype, config.device) if fixed_plan(config) else torch.float32
 
 
-def plan_for(config: EngineConfig, ckpt, threads: int) -> Plan:
+def plan_for(config: EngineConfig, ckpt, threads: int) -> BackendPlan:
     """The configuration's plan: fixed, named, from a plan file, or (auto) measured on this machine for this model."""
     plan, how = fixed_plan(config), "from the named dtype / kernel"
     if plan is None and config.plan != "auto":
         path = Path(config.plan).expanduser()
-        plan = Plan.load(path) if path.is_file() else single(config.plan)
+        plan = BackendPlan.load(path) if path.is_file() else single(config.plan)
         how = f"from {path}" if path.is_file() else "named"
         if path.is_file() and plan.timings:
             plan = choose(plan.timings, config.allow_nondeterministic, plan.key)

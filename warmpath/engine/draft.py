@@ -25,6 +25,7 @@ from warmpath.kernels.native import NativeForward
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
+from warmpath.stats import MovingAverage
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,12 @@ class DraftProposer:
         self.block_size, self.max_len = block_size, ckpt.config.max_position_embeddings
         self.free = list(range(num_blocks))
         self.states: dict[str, DraftState] = {}
-        self.guess_seconds: float | None = None  # one batched guess (a draft forward), as measured: what a guess costs
+        self._guess_time = MovingAverage()  # one batched guess (a draft forward), as measured: what a guess costs
 
+
+    @property
+    def guess_seconds(self) -> float | None:
+        return self._guess_time.value
     def propose(self, requests: list[Request], ks: list[int], running: list[Request]) -> list[list[int]]:
         """Up to ks[i] greedy guesses for requests[i] (fewer when the draft's pool or context has no room)."""
         alive = {r.request_id for r in running}
@@ -80,7 +85,7 @@ class DraftProposer:
                 picked = self.runner.forward(seqs).argmax(-1).tolist()
             took = time.perf_counter() - t
             if all(len(x.token_ids) == 1 for x in seqs):  # a guess (a request's first feed computes its prompt)
-                self.guess_seconds = took if self.guess_seconds is None else 0.8 * self.guess_seconds + 0.2 * took
+                self._guess_time.add(took)
             nxt, nxt_who = [], []
             for s, i, tok in zip(seqs, who, picked, strict=True):
                 st = self.states[requests[i].request_id]

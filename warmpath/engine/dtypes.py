@@ -1,4 +1,5 @@
-"""The dtype names a config may give, for the model and for its KV cache."""
+"""The dtype names a config may give (config.py Dtype, KVCacheDtype: checked there), for the model and for its
+KV cache."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
         return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
     dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
               "float16": torch.float16, "fp16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"unknown dtype {name!r} (auto, float32, bfloat16, float16)")
     return dtypes[name]
 
 
@@ -22,7 +21,4 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """The KV cache's own dtype; "auto": the model's (never int8: that is chosen only by name)."""
     if name == "auto":
         return model_dtype
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
-    if name not in dtypes:
-        raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16, float16 or int8; got {name!r}")
-    return dtypes[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}[name]

@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -17,7 +18,7 @@ from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.healing import Healer
 from warmpath.engine.kv_offload import KVOffload, tier_key
 from warmpath.engine.kv_tier import DiskTier
-from warmpath.engine.plan import Plan
+from warmpath.engine.plan import BackendPlan
 from warmpath.engine.plan_timing import prompt_speed
 from warmpath.engine.request import (
     EngineRequest,
@@ -29,9 +30,9 @@ from warmpath.engine.request import (
 )
 from warmpath.engine.runner import ModelRunner, SeqInput
 from warmpath.engine.sampler import make_generator, sample, token_logprobs
-from warmpath.engine.scheduler import Scheduler
+from warmpath.engine.scheduler import Scheduler, StepBatch
 from warmpath.engine.speculator import Speculator
-from warmpath.engine.step_plan import SchedulerOutput
+from warmpath.engine.step_cost import StepCost
 from warmpath.kernels.build import start_building
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
@@ -57,7 +58,7 @@ def release_freed_memory() -> None:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
         threads = config.num_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
@@ -69,14 +70,13 @@ class Engine:
         self.tokenizer: Tokenizer = ckpt.tokenizer
         self.tensor_types = ckpt.tensor_types  # the file's quant mix (empty for an HF directory)
         backends = build(config, ckpt, threads)
-        self.plan: Plan = backends.plan
+        self.plan: BackendPlan = backends.plan
         self.dtype, self.kv_dtype, model, native = backends.dtype, backends.kv_dtype, backends.model, backends.native
-        if config.gemv_dtype != "none":
-            half = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(config.gemv_dtype)
-            if half is None or model is None or self.dtype != torch.float32:
-                raise ValueError(f"gemv_dtype must be none, float16 or bfloat16, for a float32 torch model; got "
-                                 f"{config.gemv_dtype!r} with {self.dtype if model is not None else 'no torch model'}")
-            model.keep_half_width_copies(half)
+        if config.gemv_dtype != "none":  # float16 or bfloat16: the config allows no other
+            if model is None or self.dtype != torch.float32:
+                raise ValueError(f"gemv_dtype {config.gemv_dtype} needs a float32 torch model; got "
+                                 f"{self.dtype if model is not None else 'no torch model'}")
+            model.keep_half_width_copies(getattr(torch, config.gemv_dtype))
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")  # config.KV_ELEMENT_BYTES' names
@@ -93,10 +93,9 @@ class Engine:
             native.attach_kv_cache(kv)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan, config.thread_tuning)
-        self.scheduler = Scheduler(config.scheduler_config(), self.pool)
         route = f"{' + '.join(self.plan.backends)}, {self.kv_dtype_name} KV, {config.device}"
-        self.prompt_seconds_per_token = prompt_speed(self.plan, route, self._time_prompt_chunk)
-        self.scheduler.observe(PROMPT_CHUNK, self.prompt_seconds_per_token * PROMPT_CHUNK)  # its first step
+        # What a step costs, from a prompt chunk timed now (its first step) on: fed by every step (step()).
+        self.cost = StepCost.measured(prompt_speed(self.plan, route, self._time_prompt_chunk), PROMPT_CHUNK)
         self.tier: KVOffload | None = None
         if config.kv_offload_dir:
             gemv = [] if config.gemv_dtype == "none" else [f"gemv {config.gemv_dtype}"]
@@ -105,7 +104,8 @@ class Engine:
             disk = DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes),
                             parse_bytes(config.kv_offload_queue_bytes))
             self.tier = KVOffload(disk, kv)
-            self.pool.on_cached, self.scheduler.tier = self.tier.save, self.tier
+            self.pool.on_cached = self.tier.save
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cost, self.tier, clock)
         log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
                  self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
                  self.kv_dtype_name, blocks * config.block_size / 4096)
@@ -138,7 +138,8 @@ class Engine:
         per_block = self.model_config.kv_bytes_per_token(self.kv_dtype_name) * config.block_size
         if config.num_kv_blocks or not config.memory_budget:
             return num_kv_blocks(config, self.model_config, self.kv_dtype)
-        working = working_bytes(self.model_config, config.max_num_batched_tokens, config.max_num_seqs)
+        working = working_bytes(self.model_config, config.scheduler.max_num_batched_tokens,
+                                config.scheduler.max_num_seqs)
         return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working, per_block)
 
     def close(self) -> None:
@@ -224,50 +225,51 @@ class Engine:
 
     # -- one step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running, bool(self.scheduler.waiting))
-        plan: SchedulerOutput = self.scheduler.schedule()
-        finished = self._finished_unreported + plan.finished
+            self.speculator.propose(self.scheduler.running_requests(), self.scheduler.num_waiting > 0)
+        batch = self.scheduler.schedule()
+        finished = self._finished_unreported + batch.finished
         self._finished_unreported = []
         progressed = []
-        if plan.chunks:
+        if batch.chunks:
             t = time.perf_counter()
-            for c in plan.chunks:
+            for c in batch.chunks:
                 c.request.metrics.first_scheduled_time = c.request.metrics.first_scheduled_time or t
-            sampling = [c for c in plan.chunks if c.sample]
+            sampling = [c for c in batch.chunks if c.sample]
             try:
-                seqs = self._inputs(plan)
+                seqs = self._inputs(batch)
                 logits = self.runner.forward(seqs)
-                self.scheduler.observe(plan.num_tokens, time.perf_counter() - t)
                 if self.speculator and all(len(x.token_ids) == 1 for x in seqs):  # what such a step costs here
                     self.speculator.decode_times.record(len(seqs), time.perf_counter() - t)
                 tokens, logprobs = self._sample(sampling, logits)
+                self.cost.record(batch.num_tokens, time.perf_counter() - start)  # the step's whole time, once
             except Exception as e:  # fail this step's requests, not the engine: the others keep running
-                log.exception("step failed; finishing its %d requests with an error", len(plan.chunks))
-                for c in plan.chunks:
+                log.exception("step failed; finishing its %d requests with an error", len(batch.chunks))
+                for c in batch.chunks:
                     self.scheduler.finish(c.request, FinishReason.ERROR, f"internal error in the model step: {e!r}")
                     finished.append(c.request)
                 self.num_steps += 1
                 return self._report([], finished)
             before = [len(c.request.output_token_ids) for c in sampling]
-            finished += self.scheduler.update(plan, tokens)
+            finished += self.scheduler.update(batch, tokens)
             for c, n, lps in zip(sampling, before, logprobs, strict=True):
                 kept = len(c.request.output_token_ids) - n
                 if lps is not None:
                     c.request.output_logprobs += lps[:kept]
-            for c in plan.chunks:
+            for c in batch.chunks:
                 c.request.draft_token_ids = []
             progressed = [c.request for c in sampling if not c.request.finished]
             self.num_steps += 1
         return self._report(progressed, finished)
 
-    def _inputs(self, plan: SchedulerOutput) -> list[SeqInput]:
+    def _inputs(self, batch: StepBatch) -> list[SeqInput]:
         """The step's sequences for the runner. A verified decode is its last token and its guesses as decode
         rows, one per position, each attending over the context before it: the numbers a plain decode of each
         of those tokens would compute (every backend writes a step's K/V before reading it), so a guess is kept
         exactly where the model without speculation would have produced it."""
         seqs = []
-        for c in plan.chunks:
+        for c in batch.chunks:
             req = c.request
             if c.num_drafts:
                 seqs += [SeqInput([t], req.num_computed_tokens + j, req.block_ids) for j, t in enumerate(c.token_ids)]
@@ -359,17 +361,17 @@ class Engine:
             "num_aborted": s.num_aborted,
             "num_deadline_expired": s.num_deadline_expired,
             "num_computed_tokens": s.num_computed_tokens,
-            "warm_up_tokens": self.scheduler.warming.tokens,
-            "warm_ups_dropped_tenant": self.scheduler.warming.stats.dropped_tenant,
-            "warm_ups_dropped_total": self.scheduler.warming.stats.dropped_total,
+            "warm_up_tokens": self.scheduler.warm_up_tokens,
+            "warm_ups_dropped_tenant": s.warm_ups_dropped_tenant,
+            "warm_ups_dropped_total": s.warm_ups_dropped_total,
             "num_evictions": pool.num_evictions,
             "num_blocks": pool.num_blocks,
             "block_size": pool.block_size,
             "free_blocks": pool.num_free,
             "cached_blocks": len(pool.cached),
             "used_blocks": pool.num_used,
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
             "num_steps": self.num_steps,
             "spec_method": self.config.speculative_method,
             "spec_draft_tokens": self.speculator.proposed if self.speculator else 0,

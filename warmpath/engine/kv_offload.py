@@ -1,5 +1,5 @@
 """The engine's side of the KV tier: a pool block's K/V copied into the DiskTier as the block enters the prefix cache,
-and read back into fresh pool blocks when the scheduler restores a prefix (scheduler.KVTier)."""
+and read back into fresh pool blocks when the scheduler restores a prefix (kv_tier.KVTier)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from warmpath.config import ModelConfig
 from warmpath.engine.kv_tier import DiskTier
 from warmpath.identity import model_identity, numerics_identity
+from warmpath.stats import MovingAverage
 
 
 def tier_key(source: str, backends: list[str], kv_dtype: torch.dtype, block_size: int, model: ModelConfig) -> str:
@@ -29,7 +30,11 @@ class KVOffload:
         self.tier, self.kv = tier, kv_cache
         self.block_shape = kv_cache[:, :, 0].shape
         self.block_bytes = kv_cache[:, :, 0].numel() * kv_cache.element_size()
-        self.seconds_per_block: float | None = None  # measured as blocks are read back (the scheduler paces by it)
+        self._read_time = MovingAverage()  # of a block, measured as blocks are read back (the scheduler paces by it)
+
+    @property
+    def seconds_per_block(self) -> float | None:
+        return self._read_time.value
 
     def save(self, block: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
         """BlockPool.on_cached: a block just entered the prefix cache is kept in the tier too (written off this
@@ -52,8 +57,7 @@ class KVOffload:
             kept = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.kv.dtype).view(self.block_shape)
             self.kv[:, :, b].copy_(kept)
         if done:
-            per = (time.perf_counter() - t) / done
-            self.seconds_per_block = per if self.seconds_per_block is None else 0.8 * self.seconds_per_block + 0.2 * per
+            self._read_time.add((time.perf_counter() - t) / done)
         return done
 
     def close(self) -> None:

@@ -101,7 +101,7 @@ def _parse(key: str) -> tuple[int, int]:
 
 
 @dataclass
-class Plan:
+class BackendPlan:
     """One native backend and one torch backend at most (each holds its own weights), and per shape class which
     of them computes it."""
 
@@ -132,7 +132,7 @@ class Plan:
         write_atomic(path, json.dumps(asdict(self), indent=1))  # engines starting together never read half a plan
 
     @classmethod
-    def load(cls, path: Path) -> Plan:
+    def load(cls, path: Path) -> BackendPlan:
         return cls(**json.loads(Path(path).read_text()))
 
     def table(self) -> str:
@@ -162,7 +162,7 @@ def _nearest(choice: dict[str, str], a: int, context: int) -> str:
     return min(choice, key=distance)
 
 
-def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = "") -> Plan:
+def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = "") -> BackendPlan:
     """The fastest plan the timings allow. Deterministic (the default): one deterministic backend for every
     shape — mixing two would make a sequence's numbers depend on its step's size or its chunking. Otherwise any
     native backend with any torch backend, each shape to the faster of the two. Among candidate plans the one
@@ -190,7 +190,7 @@ def choose(timings: Timings, allow_nondeterministic: bool = False, key: str = ""
         score = sum(math.log(max(t, 1e-6)) for t in times) / len(times)
         if not allow_nondeterministic:  # a screened candidate timed on fewer classes was dropped as trailing
             score = (-len(times), score)
-        plan = Plan(native, torch, choice["decode"], choice["chunk"], timings,
+        plan = BackendPlan(native, torch, choice["decode"], choice["chunk"], timings,
                     all(b in DETERMINISTIC for b in members), key)
         if best is None or (score, len(members)) < best[:2]:
             best = (score, len(members), plan)
@@ -212,22 +212,23 @@ def native_options(backend: str) -> dict[str, str]:
     return {"activations": activations, "attention": "bf16" if attention == "bf16attn" else "fp32"}
 
 
-def single(backend: str, key: str = "", cache: str = "bfloat16") -> Plan:
+def single(backend: str, key: str = "", cache: str = "bfloat16") -> BackendPlan:
     """A plan of one backend for every shape (a named plan: `--plan native-int8`)."""
     if backend not in BACKENDS:
         raise ValueError(f"plan must be auto, a plan file or one of {', '.join(BACKENDS)}; got {backend!r}")
     native, torch = (backend, None) if backend.startswith("native") else (None, backend)
-    return Plan(native, torch, {decode_key(r, c): backend for r, c in DECODE_SHAPES},
+    return BackendPlan(native, torch, {decode_key(r, c): backend for r, c in DECODE_SHAPES},
                 {chunk_key(k, c): backend for k, c in CHUNK_SHAPES}, {}, backend in DETERMINISTIC, key, cache)
 
 
-def fixed(native: str | None, torch: str) -> Plan:
+def fixed(native: str | None, torch: str) -> BackendPlan:
     """The plan of a configuration named by dtype / kernel / activations: the torch model in that dtype (the KV
     cache's too), with the native kernel beside it where asked. int8 activations compute every sequence natively
     (no torch model); fp32 ones decodes and short chunks (MAX_CHUNK, NATIVE_CONTEXT), torch the rest."""
     cache = TORCH_DTYPES[torch]
     if native is None or native == "native-int8":
         return single(native or torch, cache=cache)
-    plan = Plan(native, torch, {decode_key(r, c): native for r, c in DECODE_SHAPES}, {}, {}, False, "", cache, True)
+    decode = {decode_key(r, c): native for r, c in DECODE_SHAPES}
+    plan = BackendPlan(native, torch, decode, {}, {}, False, "", cache, True)
     plan.chunk = {chunk_key(k, c): plan.for_chunk(k, c) for k, c in CHUNK_SHAPES}  # the rule's table, for `table()`
     return plan

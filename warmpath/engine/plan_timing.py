@@ -23,7 +23,7 @@ from warmpath.engine.plan import (
     BACKENDS,
     DETERMINISTIC,
     MARGIN,
-    Plan,
+    BackendPlan,
     Timings,
     choose,
     native_options,
@@ -99,7 +99,7 @@ def prompt_speed_path(key: str) -> Path:
     return home_dir("plans") / f"{key}.prompt.json"
 
 
-def prompt_speed(plan: Plan, route: str, measure: Callable[[], float]) -> float:
+def prompt_speed(plan: BackendPlan, route: str, measure: Callable[[], float]) -> float:
     """Seconds per prompt token of `route` (the engine's backends and cache) on this machine: `measure()`d once and
     kept beside a measured plan (a fixed plan's, which has no key: measured at every start), so every start on the
     same machine, model and code reads the same figure and makes the same prompts (api/fim.suffix_budget)."""
@@ -117,7 +117,7 @@ def prompt_speed(plan: Plan, route: str, measure: Callable[[], float]) -> float:
 
 
 def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allow_nondeterministic: bool,
-                    remeasure: bool = False, full: bool = False, progress=sys.stderr) -> tuple[Plan, str]:
+                    remeasure: bool = False, full: bool = False, progress=sys.stderr) -> tuple[BackendPlan, str]:
     """The plan for this machine and model, and where it came from ("loaded PATH" / "measured, saved to PATH").
     Only the backends the choice can use are timed: without nondeterminism allowed, the deterministic ones
     (where the kernel builds) on the cheap classes until one leads (plan.plan_steps, plan.trailing); with it (or
@@ -149,7 +149,7 @@ def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool, allo
 def _saved_timings(path: Path) -> Timings:
     """The timings a plan file keeps; none (measured again) where it is absent, torn or not a plan."""
     try:
-        return Plan.load(path).timings
+        return BackendPlan.load(path).timings
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, TypeError) as e:

@@ -75,8 +75,7 @@ class SamplingParams:
 @dataclass
 class EngineRequest:
     """What a caller asks of the engine: the one value from the server's job to the scheduler's Request.
-    Deadlines are time.monotonic() values (the scheduler's clock): past `deadline` the request finishes with
-    DEADLINE, and past `prompt_deadline` too while it has generated nothing (llama.cpp's t_max_prompt_ms)."""
+    Deadlines are time.monotonic() values (the scheduler's clock), applied as engine/deadline.py says."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -85,12 +84,7 @@ class EngineRequest:
     deadline: float | None = None
     cache_salt: str | None = None  # shares prefix-cache blocks only with requests of the same salt (None included)
     prompt_deadline: float | None = None
-    tenant: str | None = None  # whose it is (server/tenancy.py), for the bounds kept per tenant (engine/warmups.py)
-
-
-def expiry(deadline: float | None, prompt_deadline: float | None, generated: bool) -> float | None:
-    """When a request is late: its deadline, and before its first token the prompt phase's."""
-    return min((d for d in (deadline, None if generated else prompt_deadline) if d is not None), default=None)
+    tenant: str | None = None  # whose it is (server/tenancy.py), for the warm-ups' bounds (engine/scheduler)
 
 
 @dataclass
@@ -126,7 +120,7 @@ class Request:
     generator: torch.Generator | None
     metrics: RequestMetrics
     session_id: str | None = None
-    deadline: float | None = None  # time.monotonic() past which the request is finished with DEADLINE
+    deadline: float | None = None  # EngineRequest.deadline (engine/deadline.py)
     cache_salt: str | None = None  # mixed into its first block's hash: shares cached blocks only within a salt
     prompt_deadline: float | None = None  # no output by then: finished with DEADLINE (EngineRequest)
     tenant: str | None = None  # EngineRequest.tenant: its warm-up counts against this tenant's bound
@@ -152,10 +146,6 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def expires_at(self) -> float | None:
-        return expiry(self.deadline, self.prompt_deadline, bool(self.output_token_ids))
 
     @property
     def num_tokens(self) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from warmpath.engine.plan import Plan, single
+from warmpath.engine.plan import BackendPlan, single
 from warmpath.engine.threads import ThreadChoice, sample
 from warmpath.kernels.native import NativeForward
 from warmpath.models.attention import AttentionMetadata, PrefillSpan
@@ -46,7 +46,8 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM | None, kv_cache: torch.Tensor, block_size: int,
                  native: NativeForward | None = None, half_width_max_rows: int = 0,
-                 decode_threads: int | None = None, plan: Plan | None = None, thread_tuning: bool = False):
+                 decode_threads: int | None = None, plan: BackendPlan | None = None,
+                 thread_tuning: bool = False):
         self.model = model  # None when the plan computes everything natively
         self.kv_cache = kv_cache
         self.block_size = block_size

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from warmpath.stats import MovingAverage
+
 
 @dataclass
 class Speculation:
@@ -54,17 +56,16 @@ class StepTimes:
     is assumed to cost what the nearest smaller one seen does, so it gets tried and measured."""
 
     def __init__(self, max_rows: int = 128):
-        self.seconds: list[float | None] = [None] * (max_rows + 1)
+        self._seconds = [MovingAverage() for _ in range(max_rows + 1)]
 
     def record(self, rows: int, seconds: float) -> None:
-        if 0 < rows < len(self.seconds):
-            old = self.seconds[rows]
-            self.seconds[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        if 0 < rows < len(self._seconds):
+            self._seconds[rows].add(seconds)
 
     def at(self, rows: int) -> float | None:
-        for n in range(min(rows, len(self.seconds) - 1), 0, -1):
-            if self.seconds[n] is not None:
-                return self.seconds[n]
+        for n in range(min(rows, len(self._seconds) - 1), 0, -1):
+            if self._seconds[n].value is not None:
+                return self._seconds[n].value
         return None
 
 

@@ -17,9 +17,6 @@ PROPOSERS = {"ngram": NgramProposer, "suffix": SuffixProposer, "draft": DraftPro
 
 class Speculator:
     def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int):
-        if config.speculative_method not in PROPOSERS:
-            raise ValueError(f"speculative_method must be none, ngram, suffix or draft; got "
-                             f"{config.speculative_method!r}")
         if config.num_speculative_tokens < 1 or config.speculative_max_seqs < 1:
             raise ValueError("num_speculative_tokens and speculative_max_seqs must be >= 1")
         if config.speculative_method == "draft":
@@ -31,7 +28,7 @@ class Speculator:
             self.proposer = PROPOSERS[config.speculative_method]()
         self.max_tokens, self.max_seqs = config.num_speculative_tokens, config.speculative_max_seqs
         self.max_model_len = max_model_len
-        self.decode_times = StepTimes(config.max_num_seqs * (1 + config.num_speculative_tokens))
+        self.decode_times = StepTimes(config.scheduler.max_num_seqs * (1 + config.num_speculative_tokens))
         self.proposed = self.accepted = 0  # guessed tokens verified, and kept
 
     def propose(self, running: list[Request], waiting: bool = False) -> None:

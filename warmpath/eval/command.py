@@ -22,9 +22,7 @@ from typing import get_args
 
 import httpx
 
-from warmpath.api.fill import Fill, render
-from warmpath.api.fim import LAYOUTS, fim_for_model
-from warmpath.api.protocol import Scope
+from warmpath.api.fim import LAYOUTS, Fill, detect_fim, render
 from warmpath.client.completion import (
     PROTOCOLS,
     RequestRecord,
@@ -33,6 +31,7 @@ from warmpath.client.completion import (
     monotonic_clock,
     stream_completion,
 )
+from warmpath.config import CompletionScope
 from warmpath.eval import repo
 from warmpath.eval.execute import passes
 from warmpath.eval.humaneval import fetch_problems, mid_line, multi_line_tasks, single_line_tasks, spread
@@ -76,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "whole: no stop sent, the whole answer spliced in (as Zed does)")
     p.add_argument("--hole", choices=HOLES, default="line",
                    help="line: one hidden line (the benchmark as published); lines: 2-5 consecutive lines hidden")
-    p.add_argument("--scope", choices=get_args(Scope),
+    p.add_argument("--scope", choices=get_args(CompletionScope),
                    help="warmpath's per-request completion scope (default: the server's)")
     p.add_argument("--api-key", help="sent as Authorization: Bearer")
     p.add_argument("--model", help="the model name to send (default: the first the server lists)")
@@ -103,7 +102,7 @@ async def evaluate(args: argparse.Namespace) -> int:
     results: list[TaskResult] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as http:
         target.model = target.model or await discover_model(http, target)
-        template = fim_for_model(args.fim_family or target.model or "") if literal else None
+        template = detect_fim(model=args.fim_family or target.model or "") if literal else None
         if literal and template is None:
             print(f"no FIM template known for {args.fim_family or target.model!r}: pass --fim-family", file=sys.stderr)
             return 2

@@ -1,6 +1,6 @@
 """GGML block formats decoded in torch: every tensor type of the GGUF files people run (F32, F16, BF16, Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) -> fp32, bit for bit what `gguf.quants.dequantize`
-computes (the same fp32 products and sums in the same order; tests/unit/test_ggml_blocks.py checks each type).
+computes (the same fp32 products and sums in the same order; tests/unit/models/test_gguf_types.py checks each type).
 
 Every quantized type decodes to sub-blocks: `value = scale * q + offset`, q small integers (as fp32), one scale
 (and offset) per sub-block. That form is also what converting to the native kernel's blocks reads

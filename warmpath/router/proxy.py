@@ -25,10 +25,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from warmpath.api import mistral, ollama, tabby
 from warmpath.api import responses as wire
 from warmpath.api.asgi import ClientGone, unless_disconnected
+from warmpath.api.ask import Ask, Outcome
 from warmpath.api.credentials import authorization
-from warmpath.api.fill import Fill, Outcome
 from warmpath.api.protocol import error_body
-from warmpath.api.scope import SCOPES
 from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.forward import forward_headers
@@ -57,8 +56,6 @@ class Proxy:
     request path."""
 
     def __init__(self, config: RouterConfig):
-        if config.completion_scope not in SCOPES:
-            raise ValueError(f"--completion-scope must be one of {', '.join(SCOPES)}, got {config.completion_scope!r}")
         self.config = config
         nodes, self.tiers = parse_nodes(config)
         self.routers = {t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
@@ -124,15 +121,15 @@ class Proxy:
         tier = self.tiers[0]
         if len(self.tiers) > 1:
             body = routed.body or {}
-            if routed.fill is not None:  # the same rule on the Fill's limits and suffix
-                path, body = "/v1/completions", {"max_tokens": routed.fill.max_tokens or 10**9,
-                                                 "suffix": routed.fill.suffix}
+            if routed.ask is not None:  # the same rule on the Ask's limits and suffix
+                path, body = "/v1/completions", {"max_tokens": routed.ask.max_tokens or 10**9,
+                                                 "suffix": routed.ask.fill.suffix}
             kind = completion_kind(path, body, request.headers.get("x-completion-kind"), self.config.line_max_tokens)
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
         if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (None, *CACHEABLE):
             # per tenant and tier (cache.py); an editor protocol's own default temperature decides (Tabby's: greedy)
-            body = routed.body if routed.fill is None else {**routed.body, "temperature": routed.fill.temperature}
+            body = routed.body if routed.ask is None else {**routed.body, "temperature": routed.ask.temperature}
             routed.key = cache_key(routed.path, body, authorization(request.headers).encode("latin-1"), tier)
         if routed.key is not None:
             hit = self.cache.get(routed.key)
@@ -293,8 +290,7 @@ def silence_events(routed: Routed) -> bytes:
     """The end of a stream past the deadline, in the request's protocol (empty text, never an error)."""
     if routed.wire is None:
         return wire.silence_sse(routed.kind, routed.model).encode()
-    fill = routed.fill or Fill(prefix="", stream=True)
-    return routed.wire.end(fill, wire.new_id("route"), Outcome(), routed.model)
+    return routed.wire.end(routed.ask or Ask(stream=True), wire.new_id("route"), Outcome(), routed.model)
 
 
 def silence(routed: Routed, headers: dict) -> Response:
@@ -304,8 +300,7 @@ def silence(routed: Routed, headers: dict) -> Response:
         return StreamingResponse(iter([silence_events(routed)]), media_type=media, headers=headers)
     if routed.wire is None:
         return JSONResponse(wire.silence(routed.kind, routed.model), headers=headers)
-    fill = routed.fill or Fill(prefix="")
-    return Response(routed.wire.answer(fill, wire.new_id("route"), Outcome(), routed.model),
+    return Response(routed.wire.answer(routed.ask or Ask(), wire.new_id("route"), Outcome(), routed.model),
                     media_type="application/json", headers=headers)
 
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from warmpath.api import infill, mistral, ollama, tabby
 from warmpath.api.asgi import parse_deadline, session_key
-from warmpath.api.fill import Fill
+from warmpath.api.ask import Ask
 from warmpath.api.protocol import ApiError, content_text
 
-# The editor protocols, by path: each body read as its Fill (api/fill.py), answered in its own shapes. Tabby's
+# The editor protocols, by path: each body read as its Ask (api/ask.py), answered in its own shapes. Tabby's
 # shares /v1/completions with OpenAI's: told apart by the body (editor_wire).
 EDITOR_WIRES = {path: w for w in (infill, ollama, mistral) for path in w.PATHS}
 
@@ -31,7 +31,7 @@ class Routed:
     deadline: float | None  # monotonic
     key: str | None = None  # the response-cache key, for a deterministic request
     wire: object = None  # an editor protocol's module (EDITOR_WIRES), None for OpenAI's
-    fill: Fill | None = None  # its body as a Fill, when it parsed (else the node answers the 400)
+    ask: Ask | None = None  # its body as an Ask, when it parsed (else the node answers the 400)
     session_hashed: bool = False  # the client's session id was over the cap: `session` is its hash (api/asgi.py)
 
     @property
@@ -59,12 +59,12 @@ def read_request(path: str, raw: bytes, headers, max_session_id_chars: int = 128
     editor = editor_wire(path, body)
     if editor is not None:
         try:
-            fill = editor.parse(raw)
+            ask = editor.parse(raw)
         except ApiError:
-            fill = None
-        session = session_key(headers, fill.user if fill else None, max_session_id_chars)
-        return Routed(path, raw, body, session.key, fill.routing_text() if fill else "", "fill",
-                      bool(fill and fill.stream), deadline, None, editor, fill, session.hashed)
+            ask = None
+        session = session_key(headers, ask.user if ask else None, max_session_id_chars)
+        return Routed(path, raw, body, session.key, ask.routing_text() if ask else "", "fill",
+                      bool(ask and ask.stream), deadline, None, editor, ask, session.hashed)
     if path.endswith("/chat/completions"):
         kind = "chat"
         prompt = "".join(f"{m.get('role')}\x1f{content_text(m.get('content'))}\x1e"

@@ -16,19 +16,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from warmpath.api import responses as shapes
+from warmpath.api.ask import Ask
 from warmpath.api.cutters import Chain, IndentCutter
-from warmpath.api.fill import Fill, render
-from warmpath.api.fim import fim_for_model
-from warmpath.api.scope import SCOPES, Scope
+from warmpath.api.fim import Fill, detect_fim, render
+from warmpath.api.scope import SCOPES, ScopeCutter
 from warmpath.router.healing import CLIENT_CONSTRAINTS, Respell, given_back
 from warmpath.router.translate import openai_chunks
 
 
-def fill_cutter(fill: Fill, model: str, default: str, heal: bool) -> Chain | None:
-    """The cutter of an editor protocol's fill sent to a node of `model` (None: nothing to cut); `heal`: the node's
+def fill_cutter(ask: Ask, model: str, default: str, heal: bool) -> Chain | None:
+    """The cutter of an editor protocol's ask sent to a node of `model` (None: nothing to cut); `heal`: the node's
     engine can be told how its answer begins (healing.py)."""
-    cursor = render(fill, fim_for_model(model)).cursor
-    return _chain(cursor, fill.scope or default, fill.n_indent, heal=heal and fill.suffix is not None and not fill.chat)
+    cursor = render(ask.fill, detect_fim(model=model)).cursor
+    return _chain(cursor, ask.scope or default, ask.n_indent,
+                  heal=heal and ask.fill.suffix is not None and not ask.chat)
 
 
 def body_cutter(body: dict, model: str, default: str, heal: bool) -> Chain | None:
@@ -38,7 +39,7 @@ def body_cutter(body: dict, model: str, default: str, heal: bool) -> Chain | Non
     prompt, suffix = body.get("prompt"), body.get("suffix")
     if not isinstance(prompt, str) or (suffix is not None and not isinstance(suffix, str)):
         return None
-    cursor = render(Fill(prefix=prompt, suffix=suffix), fim_for_model(model)).cursor
+    cursor = render(Fill(prefix=prompt, suffix=suffix), detect_fim(model=model)).cursor
     scope = body.get("scope") if body.get("scope") in SCOPES else default
     heal = heal and suffix is not None and not any(k in body for k in CLIENT_CONSTRAINTS)
     return _chain(cursor, scope, heal=heal)
@@ -53,7 +54,7 @@ def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0, heal: 
     if scope == "none" and not n_indent and not text:
         return None
     return Chain(Respell(text) if text else None, IndentCutter(n_indent) if n_indent else None,
-                 Scope(*cursor, scope) if scope != "none" else None)
+                 ScopeCutter(*cursor, scope) if scope != "none" else None)
 
 
 def without_scope(body: dict) -> dict:

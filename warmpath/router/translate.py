@@ -17,13 +17,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from warmpath.api import responses as wire_shapes
-from warmpath.api.fill import Fill, Outcome
+from warmpath.api.ask import Ask, Outcome
 
 
-def openai_request(fill: Fill, model: str | None) -> tuple[str, dict]:
-    """(path, body) of the OpenAI request that runs `fill`."""
-    if fill.chat:
-        messages = [{"role": "system", "content": fill.system}] if fill.system else []
+def openai_request(ask: Ask, model: str | None) -> tuple[str, dict]:
+    """(path, body) of the OpenAI request that runs an editor protocol's `ask` (the way back of protocol.py's
+    CompletionRequest.ask and ChatRequest.ask)."""
+    fill = ask.fill
+    if ask.chat:
+        messages = [{"role": "system", "content": ask.system}] if ask.system else []
         path, body = "/v1/chat/completions", {"messages": [*messages, {"role": "user", "content": fill.prefix}]}
     else:
         path, body = "/v1/completions", {"prompt": fill.prefix + fill.middle}
@@ -31,24 +33,24 @@ def openai_request(fill: Fill, model: str | None) -> tuple[str, dict]:
             body["suffix"] = fill.suffix
         if fill.extra:
             body["extra"] = [{"filename": e.filename, "text": e.text} for e in fill.extra]
-    body.update(model=model or fill.model, temperature=fill.temperature, top_p=fill.top_p, stream=fill.stream)
-    if fill.max_tokens is not None:  # 0 (a warm-up: only fill the cache) runs one token, never shown
-        body["max_tokens"] = max(1, fill.max_tokens)
-    if fill.stop:
-        body["stop"] = fill.stop
-    if fill.seed is not None:
-        body["seed"] = fill.seed
-    if fill.stream:
+    body.update(model=model or ask.model, temperature=ask.temperature, top_p=ask.top_p, stream=ask.stream)
+    if ask.max_tokens is not None:  # 0 (a warm-up: only fill the cache) runs one token, never shown
+        body["max_tokens"] = max(1, ask.max_tokens)
+    if ask.stop:
+        body["stop"] = ask.stop
+    if ask.seed is not None:
+        body["seed"] = ask.seed
+    if ask.stream:
         body["stream_options"] = {"include_usage": True}
     return path, body
 
 
 @dataclass
 class Translation:
-    """One attempt's conversion back: the protocol (an api/ module), its Fill, and what the node reported."""
+    """One attempt's conversion back: the protocol (an api/ module), its Ask, and what the node reported."""
 
     wire: object
-    fill: Fill
+    ask: Ask
     model: str | None
     collect: bool = False  # the node streams what the client wants whole (Collected's reason)
     cutter: object = None  # the completion scope (router/scoping.py) for a node that applies none
@@ -58,7 +60,7 @@ class Translation:
 
     @property
     def media(self) -> str:
-        return getattr(self.wire, "STREAM_MEDIA", "application/json") if self.fill.stream else "application/json"
+        return getattr(self.wire, "STREAM_MEDIA", "application/json") if self.ask.stream else "application/json"
 
     def _read(self, choice: dict, usage: dict | None) -> str:
         text = choice.get("text")
@@ -76,7 +78,7 @@ class Translation:
                 self.out.finish = "stop"
         if text and self.first is None:
             self.first = time.monotonic()
-        return "" if self.fill.max_tokens == 0 else text
+        return "" if self.ask.max_tokens == 0 else text
 
     def _timed(self) -> Outcome:
         now = time.monotonic()
@@ -90,7 +92,7 @@ class Translation:
         choice = (data.get("choices") or [{}])[0]
         self.out.text = self._read({**choice, "finish_reason": choice.get("finish_reason") or "stop"},
                                    data.get("usage"))
-        return self.wire.answer(self.fill, data.get("id") or wire_shapes.new_id("route"), self._timed(), self.model)
+        return self.wire.answer(self.ask, data.get("id") or wire_shapes.new_id("route"), self._timed(), self.model)
 
     async def gather(self, events: AsyncIterator[bytes]) -> bytes:
         """The protocol's whole answer from the node's stream."""
@@ -98,7 +100,7 @@ class Translation:
             self.out.text += self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
             if self.cutter is not None and self.cutter.cut:  # the scope ended it: the node's stream is closed
                 break
-        return self.wire.answer(self.fill, wire_shapes.new_id("route"), self._timed(), self.model)
+        return self.wire.answer(self.ask, wire_shapes.new_id("route"), self._timed(), self.model)
 
     async def events(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The node's SSE events as the protocol's stream: one event per piece of text, its own last event."""
@@ -107,10 +109,10 @@ class Translation:
             text = self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
             self.out.text += text
             if text:
-                yield self.wire.event(self.fill, request_id, text, self.out, self.model)
+                yield self.wire.event(self.ask, request_id, text, self.out, self.model)
             if self.cutter is not None and self.cutter.cut:  # the scope ended it: the node's stream is closed
                 break
-        yield self.wire.end(self.fill, request_id, self._timed(), self.model)
+        yield self.wire.end(self.ask, request_id, self._timed(), self.model)
 
 
 async def openai_chunks(events: AsyncIterator[bytes]) -> AsyncIterator[dict]:

@@ -2,7 +2,7 @@
 
 - A tiered fleet: the tier's own model name.
 - An engine that rejects `suffix` (vLLM: "Unsupported param: suffix") gets the FIM prompt rendered here, the
-  server's way (api/fill.render): the family from the node's model name, repository context (`extra`) before the
+  server's way (api/fim.py render): the family from the node's model name, repository context (`extra`) before the
   prefix, the family's stop tokens as stop strings (kept as text so they can match); a model of no known
   family completes from the prefix alone. Clients keep sending `suffix` to any fleet.
 - Session hints the engine reads (llama.cpp's `cache_prompt`) unless the client set them.
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 
-from warmpath.api.fill import Extra, Fill, render
-from warmpath.api.fim import fim_for_model
+from warmpath.api.fim import ContextFile, Fill, detect_fim, render
 from warmpath.router.healing import constraint, respelled
 from warmpath.router.scoping import Scoped, body_cutter, fill_cutter, without_scope
 from warmpath.router.translate import Collected, Translation, openai_request
@@ -35,13 +34,13 @@ def prepare(node, routed, own_model: bool, scope: str = "auto") -> tuple[str, by
     wire, engine = routed.wire, node.engine
     model = node.models[0] if node.models else ""
     if wire is not None and wire.__name__.rsplit(".", 1)[-1] not in engine.wires:
-        if routed.fill is None:
+        if routed.ask is None:
             wire.parse(routed.raw)  # the body did not parse: the protocol's own 400 (raises), as a node gives it
-        model = model or routed.fill.model or ""
-        path, body = openai_request(routed.fill, model)
-        cutter = None if engine.applies_scope else fill_cutter(routed.fill, model, scope, heals(engine))
-        convert = Translation(wire, routed.fill, routed.model or model, cutter=cutter)
-        if (cutter is not None or not engine.cancels_whole) and not routed.fill.stream:
+        model = model or routed.ask.model or ""
+        path, body = openai_request(routed.ask, model)
+        cutter = None if engine.applies_scope else fill_cutter(routed.ask, model, scope, heals(engine))
+        convert = Translation(wire, routed.ask, routed.model or model, cutter=cutter)
+        if (cutter is not None or not engine.cancels_whole) and not routed.ask.stream:
             body, convert.collect = {**body, **STREAMED}, True
         return path, request_body(node, body, None, False, respelled(cutter)), convert
     body, raw = routed.body, routed.raw
@@ -83,11 +82,11 @@ def request_body(node, body: dict | None, raw: bytes | None, own_model: bool, gi
 
 
 def render_fim(body: dict, model: str, give_back: str = "") -> dict:
-    """A completion request with `suffix` / `extra` as one plain prompt for `model`'s family (api/fill.render, as
+    """A completion request with `suffix` / `extra` as one plain prompt for `model`'s family (api/fim.py render, as
     the server renders it), for the model that node serves; `give_back` (the end of the prefix) left out of it."""
     out = dict(body)
     prefix, suffix, extra = out.pop("prompt"), out.pop("suffix", None) or "", out.pop("extra", None) or []
-    files = [Extra(e.get("filename") or "", e.get("text") or "") for e in extra if isinstance(e, dict)] \
+    files = [ContextFile(e.get("filename") or "", e.get("text") or "") for e in extra if isinstance(e, dict)] \
         if isinstance(extra, list) else []
     if give_back and prefix.endswith(give_back):
         prefix = prefix[:len(prefix) - len(give_back)]
@@ -96,7 +95,7 @@ def render_fim(body: dict, model: str, give_back: str = "") -> dict:
     # where it does not (no cutter to check the answer) the cursor layout is used there
     # (benchmarks/results/fim_layout_quality_*: measured by pass@1 both ways).
     layout = "anchored" if not prefix or prefix.endswith("\n") or give_back else "cursor"
-    rendered = render(Fill(prefix=prefix, suffix=suffix, extra=files), fim_for_model(model), layout)
+    rendered = render(Fill(prefix=prefix, suffix=suffix, extra=files), detect_fim(model=model), layout)
     out["prompt"] = rendered.text
     if rendered.stops:
         stop = out.get("stop") or []

@@ -1,19 +1,22 @@
 """The editor protocols' routes on `warmpath serve`: llama.cpp's /infill, Ollama's /api/*, Mistral's
 /v1/fim/completions, Tabby's /v1/health, /v1beta/server_setting, /v1/events and its completions (on OpenAI's
-/v1/completions: SharedCompletions). Each completion is a Fill run by server/editors.py; the model listings
-are answered here."""
+/v1/completions: SharedCompletions). Each completion is the protocol's Ask run by the one pipeline
+(server/pipeline.py) and answered in its shape (server/answers.py); the model listings are answered here."""
 
 from __future__ import annotations
 
 import json
+import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from warmpath.api import infill, mistral, ollama, tabby
-from warmpath.api.fill import parse_json
-from warmpath.server.editors import Editors
+from warmpath.api.bodies import parse_json
+from warmpath.api.protocol import ApiError
+from warmpath.server.answers import EditorAnswers, shaped_error
+from warmpath.server.served_model import ServedModel
 
 routes = APIRouter()
 
@@ -31,34 +34,45 @@ class SharedCompletions(APIRoute):
             except (ValueError, RecursionError):
                 body = None  # OpenAI's handler answers the 400
             if tabby.speaks(body):
-                return await _editors(request).handle(tabby, request, check_model=False)  # Tabby names no model
+                return await _serve(tabby, request, check_model=False)  # Tabby names no model
             return await openai(request)
 
         return handler
 
 
-def _editors(request: Request) -> Editors:
-    return request.app.state.editors
+def _served(request: Request) -> ServedModel:
+    return request.app.state.served
+
+
+async def _serve(wire, request: Request, check_model: bool = True) -> Response:
+    """The body parsed by its protocol (`wire`: an api/ module) and run by the pipeline."""
+    received = time.monotonic()
+    try:
+        ask = wire.parse(await request.body())
+    except ApiError as e:
+        raise shaped_error(wire, e) from None
+    answers = EditorAnswers(wire, ask, _served(request).model_name)
+    return await request.app.state.pipeline.run(ask, answers, request, received, check_model)
 
 
 @routes.post("/infill")
 async def llama_infill(request: Request):
-    return await _editors(request).handle(infill, request, check_model=False)  # llama.cpp serves its one model
+    return await _serve(infill, request, check_model=False)  # llama.cpp serves its one model
 
 
 @routes.post("/v1/fim/completions")
 async def mistral_fim(request: Request):
-    return await _editors(request).handle(mistral, request)
+    return await _serve(mistral, request)
 
 
 @routes.post("/api/generate")
 async def ollama_generate(request: Request):
-    return await _editors(request).handle(ollama, request)
+    return await _serve(ollama, request)
 
 
 def _ollama_model(request: Request) -> tuple[str, str | None, str]:
-    f = _editors(request).f
-    return f.model_name, None if f.fim is None else f.fim.layout, f.engine.model_config.architecture
+    s = _served(request)
+    return s.model_name, None if s.fim is None else s.fim.layout, s.engine.model_config.architecture
 
 
 @routes.post("/api/show")
@@ -66,15 +80,15 @@ async def ollama_show(request: Request):
     body = parse_json(await request.body(), ollama.error)
     asked = body.get("model") or body.get("name")
     name, layout, family = _ollama_model(request)
-    if not isinstance(asked, str) or ollama.served_name(asked) not in _editors(request).f.accepted_names:
+    if not isinstance(asked, str) or ollama.served_name(asked) not in _served(request).accepted_names:
         return JSONResponse({"error": f"model {asked!r} not found; this server serves {name!r}"}, status_code=404)
-    return ollama.show(name, layout, family, _editors(request).f.engine.max_model_len)
+    return ollama.show(name, layout, family, _served(request).engine.max_model_len)
 
 
 @routes.get("/api/tags")
 async def ollama_tags(request: Request):
     _, _, family = _ollama_model(request)
-    return ollama.tags(_editors(request).f.names, family)
+    return ollama.tags(_served(request).names, family)
 
 
 @routes.get("/api/version")
@@ -85,7 +99,7 @@ async def ollama_version():
 # -- Tabby --------------------------------------------------------------------------------------------------------
 def devices(request: Request) -> tuple[str, list[str]]:
     """("cpu" | "cuda", the CUDA devices' names) of the engine, as Tabby's health reports them."""
-    device = _editors(request).f.engine.config.device
+    device = _served(request).engine.config.device
     if not device.startswith("cuda"):
         return "cpu", []
     import torch
@@ -96,7 +110,7 @@ def devices(request: Request) -> tuple[str, list[str]]:
 @routes.get("/v1/health")
 @routes.post("/v1/health", operation_id="tabby_health_post")  # tabby-agent falls back to POST (older Tabby servers)
 async def tabby_health(request: Request):
-    return tabby.health(_editors(request).f.model_name, *devices(request))
+    return tabby.health(_served(request).model_name, *devices(request))
 
 
 @routes.get("/v1beta/server_setting")

@@ -1,4 +1,4 @@
-"""A request's life in the server: built from a parsed body (a Job), submitted to the AsyncEngine before any answer
+"""A request's life in the server: built from an Ask (a Job), submitted to the AsyncEngine before any answer
 starts (a 400 for a request the engine can never run; one that cannot start before its deadline ends at once,
 refused), run as text deltas, and recorded in the metrics when it ends (however it ends: finished, late, refused,
 or abandoned by its client)."""
@@ -11,17 +11,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline
+from warmpath.api.ask import SILENT, Ask, Outcome
 from warmpath.api.cutters import Chain
-from warmpath.api.fill import SILENT, Outcome
 from warmpath.api.fim import FimTemplate
-from warmpath.api.protocol import ApiError, SamplingFields
+from warmpath.api.protocol import ApiError
 from warmpath.api.responses import new_id, usage
 from warmpath.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
-from warmpath.engine.detokenizer import IncrementalDetokenizer
 from warmpath.engine.engine import Engine
-from warmpath.engine.metrics import Metrics
 from warmpath.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from warmpath.server.confidence import UNSURE, Gate
+from warmpath.server.detokenizer import IncrementalDetokenizer
+from warmpath.server.metrics import Metrics
 from warmpath.server.tenancy import Tenancy
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
@@ -33,7 +33,7 @@ class Job:
     """One HTTP request on its way through the engine."""
 
     request: EngineRequest  # what the engine is asked (its prompt, parameters, session, deadlines, salt)
-    kind: str  # "completion" | "chat"
+    kind: str  # Ask.kind: "completion" | "chat" | an editor protocol's NAME
     stop: list[str]
     received: float  # time.monotonic() at receipt
     cutter: Chain | None = None  # where the answer ends: the completion scope, llama.cpp's n_indent
@@ -54,8 +54,8 @@ class Job:
     text_offset: int = 0  # characters of the answer the logprobs taken so far cover
     logprob_chars: int = 0  # characters of the answer's text the tokens taken so far spell
     cut: bool = False  # a stop string or the cutter ended the text: tokens after the cut are not reported
-    stream: RequestStream | None = None  # once submitted (Jobs.start)
-    # Editor protocols (server/editors.py): llama.cpp's t_max_predict_ms and the warm-up.
+    stream: RequestStream | None = None  # once submitted (JobRunner.start)
+    # Editor protocols: llama.cpp's t_max_predict_ms and the warm-up.
     predict_s: float | None = None  # this long after the first token, end at the first newline (t_max_predict_ms)
     warmup: bool = False  # only fill the prefix cache: the one token generated is not reported
     newline: bool = False  # a newline has been generated (before any cutter held it back)
@@ -109,7 +109,7 @@ class Job:
         return new
 
 
-class Jobs:
+class JobRunner:
     """Builds, runs and records the jobs of one engine."""
 
     def __init__(self, engine: Engine, async_engine: AsyncEngine, metrics: Metrics, fim: FimTemplate | None):
@@ -133,8 +133,8 @@ class Jobs:
             job.request.prompt_token_ids, job.params.heal = job.prompt_ids[:-1], text
             job.logprob_chars = -len(text)  # the first token's characters include it; the answer's text does not
 
-    def make(self, kind: str, body: SamplingFields, prompt_ids: list[int], headers, received: float,
-             max_tokens: int | None, tenancy: Tenancy) -> Job:
+    def make(self, ask: Ask, prompt_ids: list[int], headers, received: float, max_tokens: int | None,
+             temperature: float, tenancy: Tenancy) -> Job:
         """A job for this prompt, or ApiError (400) if its parameters are bad or it does not fit the model with
         the max_tokens asked for (the engine checks the rest at start())."""
         max_len = self.engine.max_model_len
@@ -145,18 +145,17 @@ class Jobs:
                                 f"model's context of {max_len} tokens", param="max_tokens",
                            code="context_length_exceeded")
         try:
-            temperature = 1.0 if body.temperature is None else body.temperature  # OpenAI's default
-            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
-                                    top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
-                                    logprobs=body.num_logprobs)
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=ask.top_p,
+                                    top_k=ask.top_k, seed=ask.seed, ignore_eos=ask.ignore_eos,
+                                    logprobs=ask.num_logprobs)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if tenancy.session_hashed:
             self.metrics.session_ids_hashed.inc()
-        request = EngineRequest(new_id(kind[:4]), prompt_ids, params, tenancy.session,
+        request = EngineRequest(new_id(ask.kind[:4]), prompt_ids, params, tenancy.session,
                                 parse_deadline(headers, received), tenancy.salt, tenant=tenancy.tenant)
-        return Job(request, kind, body.stop or [], received, num_tier=None if self.engine.tier is None else 0,
-                   logprobs_asked=body.num_logprobs is not None)
+        return Job(request, ask.kind, list(ask.stop), received, num_tier=None if self.engine.tier is None else 0,
+                   logprobs_asked=ask.num_logprobs is not None)
 
     def start(self, job: Job) -> None:
         """Submit the job, before its answer starts: ApiError 400 if the engine can never run it, 503 if the engine

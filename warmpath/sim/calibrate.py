@@ -120,7 +120,7 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
     backend = RealBackend(engine, 0.0)
     driver = Driver(trace, [backend], engine.tokenizer.encode,
                     replace(ClientConfig(), deadline_ms=3000, max_time_ms=3000), realtime=True, drain_s=10)
-    backend.origin = driver._origin
+    backend.origin = driver.origin
     driver.run()
     engine.pool.reset_prefix_cache()
     return backend.steps

@@ -1,4 +1,4 @@
-"""How long one engine step takes, from the step's plan alone, and how many KV blocks a memory budget buys.
+"""How long one engine step takes, from the step's batch alone, and how many KV blocks a memory budget buys.
 
 Step time = base + per_token * T + prefill_attention * A + per_seq * S + kv_read * C + per_chunk * P, where
   T = tokens computed in the step (prefill chunks and decodes): matmul work, linear in tokens
@@ -18,9 +18,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from warmpath.api.fim import FimTemplate, fim_for_model, suffix_tokens
+from warmpath.api.fim import FimTemplate, detect_fim, suffix_tokens
 from warmpath.config import ModelConfig, ServerConfig
-from warmpath.engine.step_plan import SchedulerOutput
+from warmpath.engine.scheduler import StepBatch
 from warmpath.models.footprint import kv_pool_blocks
 from warmpath.store import home_dir, write_atomic
 
@@ -40,9 +40,9 @@ class StepShape:
                 float(self.chunks)]
 
 
-def step_shape(plan: SchedulerOutput) -> StepShape:
+def step_shape(batch: StepBatch) -> StepShape:
     s = StepShape()
-    for c in plan.chunks:
+    for c in batch.chunks:
         ctx = c.request.num_computed_tokens
         s.tokens += c.num_tokens
         s.seqs += 1
@@ -94,7 +94,7 @@ class Profile:
     @property
     def fim(self) -> FimTemplate | None:
         """The FIM family of the profile's model (None: a paper profile, or a model without one: prefix-only)."""
-        return fim_for_model(self.model_spec or "")
+        return detect_fim(model=self.model_spec or "")
 
     @property
     def fim_suffix_tokens(self) -> int | None:

@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from warmpath.api.fill import Fill, render
-from warmpath.api.fim import FimTemplate, keep_suffix
+from warmpath.api.fim import Fill, FimFormat, FimTemplate
 from warmpath.client.editor import EditorSession
 from warmpath.client.outcome import outcome
 from warmpath.config import ClientConfig, SchedulerConfig, ServerConfig, SimConfig
 from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.request import EngineRequest, Request, RequestMetrics, SamplingParams
-from warmpath.engine.scheduler import Scheduler
+from warmpath.engine.scheduler import Scheduler, StepBatch
+from warmpath.engine.step_cost import StepCost
 from warmpath.router.policies import RouteKey, Router
 from warmpath.sim.cost import CostModel, StepShape, step_shape
 from warmpath.sim.tier import SimTier
@@ -83,13 +83,14 @@ class SimBackend:
                  max_num_seqs: int = 64, enable_prefix_caching: bool = True, tier: SimTier | None = None):
         self.cost = cost
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, b"sim")
-        self.scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens, max_num_seqs), self.pool)
         self.tier = tier
         if tier is not None:  # the engine's disk tier: every cached block kept, read back instead of computed
-            self.pool.on_cached, self.scheduler.tier = tier.add, tier
+            self.pool.on_cached = tier.add
+        self.step_cost = StepCost()  # learned from the cost model's steps, as the engine learns from its own
+        self.scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens, max_num_seqs), self.pool, self.step_cost,
+                                   tier, lambda: self.now)
         self.requests: dict[str, Request] = {}
         self.now = 0.0
-        self.scheduler.clock = lambda: self.now
 
     def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None, now: float):
         req = Request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0), frozenset(), max_tokens,
@@ -108,13 +109,13 @@ class SimBackend:
 
     def step(self, now: float) -> StepResult:
         self.now = now
-        plan = self.scheduler.schedule()
-        sampling = [c.request for c in plan.chunks if c.sample]
-        seconds = self.cost.step_seconds(step_shape(plan)) if plan.chunks else 0.0
+        batch = self.scheduler.schedule()
+        sampling = [c.request for c in batch.chunks if c.sample]
+        seconds = self.cost.step_seconds(step_shape(batch)) if batch.chunks else 0.0
         seconds += self.tier.take_seconds() if self.tier is not None else 0.0
-        self.scheduler.observe(plan.num_tokens, seconds)  # paces prompt chunks as the engine's own steps do
-        done = plan.finished + (self.scheduler.update(plan, [[SIM_TOKEN]] * len(sampling)) if plan.chunks else [])
-        cached = {c.request.request_id: c.request.num_cached_tokens for c in plan.chunks}
+        self.step_cost.record(batch.num_tokens, seconds)  # paces prompt chunks as the engine's own steps do
+        done = batch.finished + (self.scheduler.update(batch, [[SIM_TOKEN]] * len(sampling)) if batch.chunks else [])
+        cached = {c.request.request_id: c.request.num_cached_tokens for c in batch.chunks}
         for r in done:
             self.requests.pop(r.request_id, None)
         return StepResult(seconds, [(r.request_id, 1) for r in sampling],
@@ -136,13 +137,11 @@ class RealBackend:
         self.pool, self.scheduler = engine.pool, engine.scheduler
         self.steps: list[tuple[StepShape, float]] = []  # every step's plan shape and duration (calibration)
         self._shape: StepShape | None = None
-        plan_step = self.scheduler.schedule
+        self.scheduler.add_listener(self._note_shape)
 
-        def schedule():  # the engine plans as always; the shape is noted before the model runs
-            plan = plan_step()
-            self._shape = step_shape(plan)
-            return plan
-        self.scheduler.schedule = schedule
+    def _note_shape(self, batch: StepBatch) -> None:
+        """The engine's batch, before the model runs (its requests' computed tokens are still the step's start)."""
+        self._shape = step_shape(batch)
 
     def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None, now: float):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -191,8 +190,9 @@ class Driver:
                  sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s,
                  fim: FimTemplate | None = None, suffix_tokens: int | None = None):
         self.trace, self.backends, self.tokenize = trace, backends, tokenize
-        self.fim = fim  # the served model's FIM family: an editor request's suffix is computed as the server does
-        self.suffix_tokens = suffix_tokens  # ... its first lines only, as the server keeps them (api/fim.keep_suffix)
+        # The served model's FIM format: an editor request's prompt is computed as the server renders it, the
+        # suffix's first lines only (suffix_tokens; api/fim.keep_suffix)
+        self.fim = FimFormat(fim, ServerConfig.fim_layout, suffix_tokens, lambda text: len(tokenize(text)))
         self.client = client or ClientConfig()
         self.router, self.realtime = router, realtime
         self.sample_every_s, self.drain_s = sample_every_s, drain_s
@@ -258,11 +258,7 @@ class Driver:
         """The prompt the server computes for an editor body: with a suffix, the FIM prompt as it renders it."""
         if "suffix" not in body:
             return body["prompt"]
-        suffix = body["suffix"]
-        if self.fim is not None and self.suffix_tokens is not None and suffix:
-            suffix = keep_suffix(suffix, self.suffix_tokens, lambda text: len(self.tokenize(text)))
-        fill = Fill(prefix=body["prompt"], suffix=suffix)
-        return render(fill, self.fim, ServerConfig.fim_layout).text
+        return self.fim.render(Fill(prefix=body["prompt"], suffix=body["suffix"])).text
 
     def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,
               turn_index: int | None = None, computed: str | None = None) -> SimRecord:
@@ -308,6 +304,11 @@ class Driver:
                 self._push(max(turns[i]["t"], t + turns[i]["after"]), "turn", {"session": rec.session, "index": i})
 
     # -- the clock ------------------------------------------------------------------------------------------
+    @property
+    def origin(self) -> float:
+        """time.monotonic() at the trace's time 0 (a real backend's deadlines are on that clock)."""
+        return self._origin
+
     def _wall(self) -> float:
         return time.monotonic() - self._origin
 

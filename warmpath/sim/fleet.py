@@ -73,9 +73,9 @@ class KillReport:
 
 def scrape(backend) -> NodeLoad:
     """What a node's /metrics would say now: the engine's num_requests_running / num_requests_waiting and
-    kv_cache_usage_ratio (engine/engine.py's stats, engine/metrics.py's gauges)."""
+    kv_cache_usage_ratio (engine/engine.py's stats, server/metrics.py's gauges)."""
     pool = backend.pool
-    return NodeLoad(float(len(backend.scheduler.running)), float(len(backend.scheduler.waiting)),
+    return NodeLoad(float(backend.scheduler.num_running), float(backend.scheduler.num_waiting),
                     pool.num_used / pool.num_blocks)
 
 
