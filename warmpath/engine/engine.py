@@ -3,7 +3,6 @@ computes, the sampler picks, the scheduler advances; outputs are reported as del
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import os
@@ -13,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from warmpath.config import EngineConfig
+from warmpath.engine import heap
 from warmpath.engine.backends import build, load_dtype
 from warmpath.engine.block_pool import BlockPool
 from warmpath.engine.healing import Healer
@@ -48,15 +48,6 @@ def _half_copies(model: LlamaForCausalLM) -> list[torch.Tensor]:
     return [t for m in (model, *model.layers) for t in (m.half or {}).values()]
 
 
-def release_freed_memory() -> None:
-    """Hand memory freed back to the OS (glibc keeps freed heap pages for reuse: a loaded checkpoint's fp32
-    copies would stay in the resident set after the engine dropped them)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
-        pass  # not glibc
-
-
 class Engine:
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
@@ -81,7 +72,7 @@ class Engine:
         self.max_model_len = min(config.max_model_len or ctx, ctx)
         self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")  # config.KV_ELEMENT_BYTES' names
         del ckpt  # the kernel keeps its own copies of what it reads
-        release_freed_memory()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
+        heap.trim()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
         self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
             t.numel() * t.element_size() for t in [*model.parameters(), *_half_copies(model)]))
         blocks = self._kv_blocks(config)
@@ -114,6 +105,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._finished_unreported: list[Request] = []
         self.num_steps = 0
+        self.heap = heap.HeapTrimmer()  # called by the step loop when it has nothing to do
 
     def _time_prompt_chunk(self) -> float:
         """Seconds per token of a PROMPT_CHUNK-token prompt chunk, timed on free blocks (the best of three tries: the
@@ -373,6 +365,8 @@ class Engine:
             "num_running": self.scheduler.num_running,
             "num_waiting": self.scheduler.num_waiting,
             "num_steps": self.num_steps,
+            "heap_trims": self.heap.trims,
+            "heap_released_bytes": self.heap.released_bytes,
             "spec_method": self.config.speculative_method,
             "spec_draft_tokens": self.speculator.proposed if self.speculator else 0,
             "spec_accepted_tokens": self.speculator.accepted if self.speculator else 0,

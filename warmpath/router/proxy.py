@@ -14,6 +14,7 @@ the upstream stream (the node aborts).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from warmpath.router.metrics import RouterMetrics
 from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.reading import Routed, read_request
+from warmpath.router.sending import Send
 from warmpath.router.sessions import SessionLog
 from warmpath.router.tiering import LINE, completion_kind
 from warmpath.router.translate import Collected, Translation, upstream_message
@@ -66,9 +68,12 @@ class Proxy:
         self.sessions = SessionLog()
         self.upstream_headers = {"Authorization": f"Bearer {config.upstream_api_key}"} \
             if config.upstream_api_key else {}
+        read = max(config.first_byte_timeout, config.idle_timeout, config.response_timeout)  # a backstop for
+        # a send given up before it wrote its request (router/sending.py); the Watch's bounds are the real ones
         self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=config.connect_timeout, read=None, write=30.0, pool=None),
+            timeout=httpx.Timeout(connect=config.connect_timeout, read=read, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self.given_up: set[asyncio.Task] = set()  # sends given up, until they end
         self.nodes = NodeSet(nodes, self.http, config.health_interval, config.health_failures,
                              self.upstream_headers, on_unhealthy=self._forget, floor=config.affinity_floor,
                              nodes_file=config.nodes_file, on_members=self.routers[self.tiers[0]].set_nodes)
@@ -186,12 +191,16 @@ class Proxy:
             req = self.http.build_request("POST", node.url + path, content=payload,
                                           headers=forward_headers(request.headers, routed.session, routed.deadline,
                                                                   self.upstream_headers.get("Authorization")))
+            sending = Send(self.http, req, self.given_up)
             try:
                 async with watch.until(deadline, first, "the answer"):
-                    resp = await unless_disconnected(request, self.http.send(req, stream=True))
+                    resp = await unless_disconnected(request, asyncio.shield(sending.task))
             except httpx.ConnectError as e:
                 self.nodes.mark_down(node, f"refused a connection: {e}")
                 raise _Failed(repr(e)) from None
+            finally:
+                if resp is None:
+                    sending.give_up()
             if resp.status_code >= 500:
                 raise _Failed(f"HTTP {resp.status_code}")
             media = resp.headers.get("content-type", "application/json")

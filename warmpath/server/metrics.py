@@ -44,6 +44,8 @@ class _EngineCollector(Collector):
             ("preemptions", "num_preemptions", "Requests preempted (recomputed) for lack of KV blocks"),
             ("kv_cache_evictions", "num_evictions", "Cached KV blocks evicted (LRU)"),
             ("computed_tokens", "num_computed_tokens", "Tokens run through the model"),
+            ("heap_trims", "heap_trims", "Times the idle engine gave the heap's free pages back to the OS"),
+            ("heap_released_bytes", "heap_released_bytes", "Resident bytes those trims gave back"),
         ):
             c = CounterMetricFamily(f"warmpath_{name}", doc)
             c.add_metric([], s[key])
