@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from warmpath.engine.engine import Engine
-from warmpath.engine.speculative import StepTimes
+from warmpath.engine.proposers import StepTimes
 
 
 def check_pool_invariants(engine: Engine) -> None:

@@ -155,7 +155,7 @@ class EngineConfig:
     # Let the plan mix a native and a torch backend where that is faster: a greedy request's tokens may then
     # depend on what shares its steps and on how much of its prompt was cached.
     allow_nondeterministic: bool = False
-    # Speculative decoding (engine/speculative.py): "ngram" guesses from the request's own tokens, "suffix" also
+    # Speculative decoding (engine/proposers.py): "ngram" guesses from the request's own tokens, "suffix" also
     # from its session's earlier requests, "draft" with a small model; each guess is verified in the request's
     # next step and kept only where the model samples it, so outputs are the model's own; a step verifies
     # guesses only while this machine's measured step times say it pays, and never beside a prompt (docs/engine.md,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from warmpath.engine.speculative import Speculation
+    from warmpath.engine.proposers import Speculation
 
 
 class PromptTooLongError(ValueError):

@@ -1,6 +1,6 @@
 """Speculative decoding in one engine (EngineConfig.speculative_method): before a step, guesses for the decoding
 requests and how many of them the step verifies; after it, which guesses the model kept. The proposers are in
-speculative.py; the engine computes a verified decode as decode rows (engine.py `_inputs`)."""
+proposers.py; the engine computes a verified decode as decode rows (engine.py `_inputs`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 
 from warmpath.config import EngineConfig
 from warmpath.engine.draft import DraftProposer
+from warmpath.engine.proposers import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
 from warmpath.engine.request import Request
 from warmpath.engine.sampler import sample
-from warmpath.engine.speculative import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
 
 PROPOSERS = {"ngram": NgramProposer, "suffix": SuffixProposer, "draft": DraftProposer}
 

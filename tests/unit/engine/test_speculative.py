@@ -11,7 +11,7 @@ from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, EngineRequest, SamplingParams
 from warmpath.config import SchedulerConfig
-from warmpath.engine.speculative import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
+from warmpath.engine.proposers import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
 
 # Prompts that repeat themselves (what prompt lookup feeds on) and ones that do not (non-speculating requests).
 REPEATING = [[5, 6, 7, 8, 9] * 6, [11, 12, 13, 14] * 5 + [15, 16], list(range(20, 40)) * 2]
