@@ -232,8 +232,7 @@ class AsyncEngine:
             while not self._stop:
                 self._drain_commands()
                 if not self.engine.has_unfinished_requests():
-                    self.engine.heap.idle()
-                    self._wake.wait()
+                    self._wake.wait(self.engine.heap.idle())
                     self._wake.clear()
                     continue
                 outputs = self.engine.step()

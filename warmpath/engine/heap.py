@@ -4,8 +4,9 @@ glibc keeps what a process frees inside its heap for reuse, and gives back only 
 activations come and go in every size (a chunk of a cold file, a batch of decodes, an agent's long context), so
 its heap grows to its peak concurrent use, holes stay resident, and the resident set creeps up with each new
 peak: the memory the operator sized the box for. `malloc_trim(0)` gives back every free page inside the heap.
-It runs only when the engine has nothing to do, at most once every `interval_s`, and only when the heap holds
-more than `min_free_bytes` free: a page given back costs a page fault when a later step touches it again.
+It runs only when the engine has nothing to do (an idle engine waits for a trim that is due but paced), at most
+once every `interval_s`, and only when the heap holds more than `min_free_bytes` free: a page given back costs a
+page fault when a later step touches it again. A trim of ~350 MB free takes ~20 ms.
 """
 
 from __future__ import annotations
@@ -62,13 +63,17 @@ class HeapTrimmer:
     released_bytes: int = 0  # resident bytes the trims gave back
     _last: float = field(default=float("-inf"), repr=False)
 
-    def idle(self) -> None:
-        """The engine has nothing to do: trim the heap if it is due and worth it."""
+    def idle(self) -> float | None:
+        """The engine has nothing to do: trim the heap if it is due and worth it. Returns how long the idle engine
+        may sleep before calling again (a trim worth doing but not yet due), None: until woken."""
         now = self.clock()
-        if now - self._last < self.interval_s or self.free_bytes() < self.min_free_bytes:
-            return
+        if self.free_bytes() < self.min_free_bytes:
+            return None
+        if now - self._last < self.interval_s:
+            return self._last + self.interval_s - now
         self._last = now
         before = resident_bytes()
         trim()
         self.trims += 1
         self.released_bytes += max(0, before - resident_bytes())
+        return None

@@ -38,13 +38,13 @@ def test_trims_are_paced_and_only_when_worth_it():
     now, free = [0.0], [64 << 20]
     trimmer = heap.HeapTrimmer(interval_s=10.0, min_free_bytes=32 << 20, clock=lambda: now[0],
                                free_bytes=lambda: free[0])
-    trimmer.idle()
+    assert trimmer.idle() is None  # trimmed: sleep until woken
     assert trimmer.trims == 1
     now[0] = 9.0
-    trimmer.idle()  # too soon after the last
+    assert trimmer.idle() == 1.0  # too soon after the last: the idle engine calls again when it is due
     assert trimmer.trims == 1
     now[0], free[0] = 20.0, 1 << 20
-    trimmer.idle()  # too little free to be worth the page faults
+    assert trimmer.idle() is None  # too little free to be worth the page faults
     assert trimmer.trims == 1
     free[0] = 40 << 20
     trimmer.idle()
