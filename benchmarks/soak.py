@@ -178,7 +178,8 @@ def tier_usage(root: Path) -> dict:
 METRICS = {"kv_blocks_used": "warmpath_kv_cache_usage_ratio", "running": "warmpath_num_requests_running",
            "kv_cache_bytes": "warmpath_kv_cache_bytes",
            "waiting": "warmpath_num_requests_waiting", "tier_hit_tokens": "warmpath_prefix_cache_tier_hit_tokens_total",
-           "tier_rejected": "warmpath_kv_tier_rejected_blocks_total"}
+           "tier_rejected": "warmpath_kv_tier_rejected_blocks_total", "heap_used": "warmpath_heap_used_bytes",
+           "heap_free": "warmpath_heap_free_bytes"}
 
 
 async def node_row(fleet: Fleet, i: int, http: httpx.AsyncClient) -> dict | None:
@@ -189,7 +190,20 @@ async def node_row(fleet: Fleet, i: int, http: httpx.AsyncClient) -> dict | None
     except (httpx.HTTPError, KeyError):
         return None  # restarting
     row["kv_blocks_used"] = round(row["kv_blocks_used"] * fleet.a.node_blocks)
+    for k in ("heap_used", "heap_free"):  # malloc's view beside RSS: a leak grows the used part
+        row[f"{k}_mb"] = round(row.pop(k) / 1e6, 1)
     return row
+
+
+async def prefix_index_mb(fleet: Fleet, http: httpx.AsyncClient) -> float | None:
+    """The router's prefix indexes, summed over the nodes: bounded by --prefix-index-blocks, filled by new prompts
+    over the run (router/policies.py)."""
+    try:
+        text = (await http.get(f"{fleet.router_url}/metrics", timeout=5)).text
+    except httpx.HTTPError:
+        return None
+    return round(sum(float(m) for m in re.findall(r"^warmpath_router_prefix_index_bytes\{.*\} (\S+)$", text,
+                                                     re.M)) / 1e6, 1)
 
 
 def kv_resident_mb(pid: int, kv_bytes: float) -> float | None:
@@ -226,6 +240,8 @@ async def sample(fleet: Fleet, http: httpx.AsyncClient, t0: float) -> dict:
                 row["procs"][name]["kv_resident_mb"] = kv_resident_mb(proc.pid, node["kv_cache_bytes"])
         except psutil.Error:
             row["procs"][name] = None
+    if row["procs"]["router"]:
+        row["procs"]["router"]["prefix_index_mb"] = await prefix_index_mb(fleet, http)
     for i in range(2):
         row["tiers"][f"node{i}"] = await asyncio.to_thread(tier_usage, fleet.tiers[i])
     try:

@@ -8,12 +8,15 @@
   writer renames a block in before it deletes the oldest);
 - RSS flat: for each process's last life (the router's and node 0's are the whole run), from the end of its
   warm-up (a minute or a tenth of the run, the longer) to the end of the traffic: the largest RSS of the last
-  third at most RSS_GROWTH times the largest of the first third. A node's RSS is judged without its KV pool's
-  resident pages (`kv_resident_mb`): the pool is mapped from zero pages as its blocks are first written
-  (models/kv_cache.py), so it grows to the pool's size, bounded, by design. A leak of a kilobyte a request over an
-  hour's ~15,000 requests is 15 MB, 2% of a node and 20% of the router; bounded tables fill in the first third (the
-  floods use the same session ids). Judged where that span is JUDGED_MINUTES or more: a shorter one cannot tell
-  a leak from a warm-up;
+  third at most RSS_GROWTH times the largest of the first third. Judged without the two tables that grow to a
+  size fixed by a flag, by design, and are measured apart: a node's KV pool's resident pages (`kv_resident_mb`:
+  the pool is mapped from zero pages as its blocks are first written, models/kv_cache.py) and the router's prefix
+  indexes (`prefix_index_mb`: --prefix-index-blocks a node, filled by every new prompt, as /metrics reports their
+  size). A leak of a kilobyte a request over an hour's ~15,000 requests is 15 MB, 2% of a node and 20% of the
+  router; tables keyed by session fill in the first third (the floods use the same session ids). Judged where that
+  span is JUDGED_MINUTES or more: a shorter one cannot tell a leak from a warm-up. A node's malloc view is
+  reported beside it (`heap_used_growth`, same windows): a leak grows what malloc has handed out, a heap kept
+  large by glibc only its free part;
 - answers: each check prompt's greedy tokens through the router after all this, and again with its prefix cached,
   equal a fresh server's.
 """
@@ -37,19 +40,36 @@ def lives(samples: list[dict], name: str) -> list[list[tuple[dict, dict]]]:
     return out
 
 
+def bounded_mb(row: dict) -> float:
+    """The part of a process's RSS that fills to a flag's bound by design (see the RSS rule above)."""
+    return (row.get("kv_resident_mb") or 0.0) + (row.get("prefix_index_mb") or 0.0)
+
+
+def _growth(judged: list[tuple[float, float]]) -> tuple[float, float]:
+    """The largest value of the last third of the span and of the first."""
+    start, span = judged[0][0], judged[-1][0] - judged[0][0]
+    return (max(m for t, m in judged if t <= start + span / 3), max(m for t, m in judged if t >= start + 2 * span / 3))
+
+
 def rss_flat(samples: list[dict], name: str, run_s: float) -> dict:
     """The RSS rule on the process's last life."""
     life = lives(samples, name)[-1]
     warm = life[0][0]["t"] + max(60.0, 0.1 * run_s)
-    judged = [(s["t"], row["rss_mb"] - (row.get("kv_resident_mb") or 0.0))  # the traffic's time
-              for s, row in life if warm <= s["t"] <= run_s]
+    traffic = [(s, row) for s, row in life if warm <= s["t"] <= run_s]
+    judged = [(s["t"], row["rss_mb"] - bounded_mb(row)) for s, row in traffic]
     span = judged[-1][0] - judged[0][0] if judged else 0.0
     if span < JUDGED_MINUTES * 60:
         return {"ok": None, "span_min": round(span / 60, 1)}
-    first = max(m for t, m in judged if t <= judged[0][0] + span / 3)
-    last = max(m for t, m in judged if t >= judged[0][0] + 2 * span / 3)
-    return {"ok": last <= RSS_GROWTH * first, "span_min": round(span / 60, 1), "first_third_max_mb": first,
-            "last_third_max_mb": last, "growth": round(last / first - 1, 4)}
+    first, last = _growth(judged)
+    out = {"ok": last <= RSS_GROWTH * first, "span_min": round(span / 60, 1), "first_third_max_mb": first,
+           "last_third_max_mb": last, "growth": round(last / first - 1, 4)}
+    heap = [(s["t"], s["nodes"][name]["heap_used_mb"]) for s, _ in traffic
+            if (s["nodes"].get(name) or {}).get("heap_used_mb") is not None]
+    if len(heap) >= 3 and heap[-1][0] - heap[0][0] >= span / 2:
+        used_first, used_last = _growth(heap)
+        out |= {"heap_used_first_third_max_mb": used_first, "heap_used_last_third_max_mb": used_last,
+                "heap_used_growth": round(used_last / used_first - 1, 4)}
+    return out
 
 
 def tier_summary(samples: list[dict], node: str, bound: int) -> dict:
@@ -148,7 +168,7 @@ def plot(result: dict, path: str) -> None:
 
     samples = result["samples"]
     t = [s["t"] / 60 for s in samples]
-    fig, axes = plt.subplots(5, 1, figsize=(9, 13), sharex=True)
+    fig, axes = plt.subplots(6, 1, figsize=(9, 15.5), sharex=True)
     for ax, key, label in zip(axes[:3], ("rss_mb", "fds", "threads"), ("RSS (MB)", "open fds", "threads"),
                               strict=True):
         for name in samples[0]["procs"]:
@@ -164,6 +184,14 @@ def plot(result: dict, path: str) -> None:
         ax.plot(t, [s["tiers"][name]["kv_bytes"] / 1e6 for s in samples], label=f"{name} tier")
     ax.axhline(result["kv_offload_bytes"] / 1e6, color="grey", linestyle=":", label="bound")
     ax.set_ylabel("tier on disk (MB)")
+    ax = axes[5]
+    for name in samples[0]["nodes"]:
+        for key, style in (("heap_used_mb", "-"), ("heap_free_mb", ":")):
+            ax.plot(t, [(s["nodes"].get(name) or {}).get(key) for s in samples], linestyle=style,
+                    label=f"{name} heap {key.split('_')[1]}")
+    ax.plot(t, [(s["procs"].get("router") or {}).get("prefix_index_mb") for s in samples], linestyle="--",
+            label="router prefix index")
+    ax.set_ylabel("MB")
     ax.set_xlabel("minutes")
     for ax in axes:
         for e in result["events"]:

@@ -43,6 +43,15 @@ def free_heap_bytes() -> int:
     return _LIBC.mallinfo2().fordblks if _LIBC is not None else 0
 
 
+def used_heap_bytes() -> int:
+    """Bytes malloc has handed out and not had back (inside the heap, and chunks mapped on their own); 0 where
+    unknown."""
+    if _LIBC is None:
+        return 0
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
 def resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE

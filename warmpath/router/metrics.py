@@ -1,6 +1,6 @@
-"""The router's Prometheus metrics: per node requests, in-flight, failovers, health; policy decisions; cache
-hits; degraded answers; per-tier counts; and the fleet's prefix-cache counters summed over the nodes (under
-the nodes' own names, so `warmpath bench` reads the fleet's hit rate through the router)."""
+"""The router's Prometheus metrics: per node requests, in-flight, failovers, health, prefix index size; policy
+decisions; cache hits; degraded answers; per-tier counts; and the fleet's prefix-cache counters summed over the
+nodes (under the nodes' own names, so `warmpath bench` reads the fleet's hit rate through the router)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from warmpath.router.nodes import FLEET_COUNTERS, NodeSet
+from warmpath.router.policies import Router
 
 
 class _NodeCollector(Collector):
@@ -42,8 +43,29 @@ class _NodeCollector(Collector):
             yield per
 
 
+class _IndexCollector(Collector):
+    """Each node's prefix index (a node gone for less than DEPARTED_S keeps its own): bounded by
+    --prefix-index-blocks, and the router's largest table."""
+
+    def __init__(self, routers: dict[str, Router]):
+        self.routers = routers
+
+    def collect(self):
+        blocks = GaugeMetricFamily("warmpath_router_prefix_index_blocks", "Prompt blocks the router remembers "
+                                   "routing to the node (at most --prefix-index-blocks)", labels=["node"])
+        size = GaugeMetricFamily("warmpath_router_prefix_index_bytes", "Memory of the node's prefix index",
+                                 labels=["node"])
+        for router in self.routers.values():
+            indexes = {**{n: i for n, (_, i) in router.departed.items()}, **router.index}
+            for node, index in indexes.items():
+                blocks.add_metric([node], len(index.blocks))
+                size.add_metric([node], index.nbytes())
+        yield blocks
+        yield size
+
+
 class RouterMetrics:
-    def __init__(self, nodes: NodeSet):
+    def __init__(self, nodes: NodeSet, routers: dict[str, Router]):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("warmpath_router_requests", "Requests sent to a node", ["node"], registry=r)
         self.failovers = Counter("warmpath_router_failovers", "Requests moved to another node before the first "
@@ -59,6 +81,7 @@ class RouterMetrics:
         self.session_ids_hashed = Counter("warmpath_router_session_ids_hashed", "Requests whose session id was "
                                           "longer than --max-session-id-chars: kept as its hash", registry=r)
         r.register(_NodeCollector(nodes))
+        r.register(_IndexCollector(routers))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -77,7 +77,7 @@ class Proxy:
         self.nodes = NodeSet(nodes, self.http, config.health_interval, config.health_failures,
                              self.upstream_headers, on_unhealthy=self._forget, floor=config.affinity_floor,
                              nodes_file=config.nodes_file, on_members=self.routers[self.tiers[0]].set_nodes)
-        self.metrics = RouterMetrics(self.nodes)
+        self.metrics = RouterMetrics(self.nodes, self.routers)
 
     def _forget(self, node: Node) -> None:  # a node that left may come back empty: its index is stale
         self.routers[node.tier].forget(node.url)

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from warmpath.engine.heap import free_heap_bytes, used_heap_bytes
+
 disable_created_metrics()  # no *_created series: they double the scrape for nothing we use
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -77,6 +79,8 @@ class _EngineCollector(Collector):
             ("weight_bytes", s["weight_bytes"], "Bytes of resident weights (every form a backend of the plan reads)"),
             ("kv_cache_warm_sessions_4k", s["num_blocks"] * s["block_size"] / 4096,
              "4k-token sessions the KV pool holds at once"),
+            ("heap_used_bytes", used_heap_bytes(), "Bytes the process's malloc has handed out (glibc; 0 elsewhere)"),
+            ("heap_free_bytes", free_heap_bytes(), "Bytes free inside malloc's heap, resident until trimmed"),
         ):
             g = GaugeMetricFamily(f"warmpath_{name}", doc)
             g.add_metric([], value)

@@ -49,3 +49,20 @@ def test_trims_are_paced_and_only_when_worth_it():
     free[0] = 40 << 20
     trimmer.idle()
     assert trimmer.trims == 2
+
+
+def test_the_heap_gauges_follow_what_is_used_and_what_is_freed():
+    """/metrics' warmpath_heap_used_bytes and warmpath_heap_free_bytes: what the soak reads to tell a leak (used
+    grows) from a heap kept large by glibc (free grows)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    used = heap.used_heap_bytes()
+    blocks = [libc.malloc(64 << 10) for _ in range(1024)]  # 64 MiB
+    assert heap.used_heap_bytes() - used >= 60 << 20
+    free = heap.free_heap_bytes()
+    for b in blocks[:-1:2]:  # every other block: holes below a live one, kept by malloc
+        libc.free(ctypes.c_void_p(b))
+    assert heap.free_heap_bytes() - free >= 28 << 20
+    assert heap.used_heap_bytes() - used <= 36 << 20
+    for b in blocks[1::2]:
+        libc.free(ctypes.c_void_p(b))

@@ -149,6 +149,32 @@ def test_a_nodes_prefix_index_survives_a_short_absence():
     assert router.choose(RouteKey(None, prompt), [home], {}).decision == "least_load"
 
 
+def test_the_prefix_index_stays_within_its_bound_and_reports_its_size():
+    """The router's largest table: each node's index at most --prefix-index-blocks, its size on /metrics as
+    tracemalloc measures it (the soak judges the router's RSS without it: soak_report.py)."""
+    import re
+    import tracemalloc
+
+    from warmpath.router.metrics import RouterMetrics
+
+    tracemalloc.start()
+    try:
+        router = Router(NODES[:2], "session", index_blocks=2048)
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(300):  # ~40 distinct blocks a prompt: ~6,000 a node routed, 2,048 kept
+            router.choose(RouteKey(f"dev-{i}", f"# file {i}\n" + "x = 1\n" * 400), NODES[:2], {})
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert [len(router.index[n].blocks) for n in NODES[:2]] == [2048, 2048]
+    text = RouterMetrics(NodeSet([Node(u) for u in NODES[:2]], httpx.AsyncClient()),
+                         {"default": router}).render().decode()
+    blocks = {m[0]: float(m[1]) for m in re.findall(r'prefix_index_blocks\{node="(.+?)"\} (\S+)', text)}
+    size = sum(float(m) for m in re.findall(r'prefix_index_bytes\{node=".+?"\} (\S+)', text))
+    assert blocks == {n: 2048.0 for n in NODES[:2]}
+    assert 0.9 * held <= size <= 1.1 * held
+
+
 def test_a_nodes_file_rewritten_in_steps_keeps_the_pool_throughout(tmp_path):
     """An editor saves by truncating, then writing (or a line at a time): no read in between changes the pool. A
     change applies once two reads in a row (a health interval apart) find it; an emptied file keeps the pool."""

@@ -3,6 +3,7 @@ cancel on disconnect, deadlines and overload as silence, bad input, sessions, me
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -243,6 +244,8 @@ def test_metrics_and_health(server):
                  'warmpath_requests_aborted_total{reason="deadline"}', "warmpath_kv_cache_usage_ratio",
                  "warmpath_num_requests_running", "warmpath_prompt_tokens_total"):
         assert name in text, name
+    used = float(re.search(r"^warmpath_heap_used_bytes (\S+)$", text, re.M).group(1))
+    assert used > 1e6  # the server's own Python objects at least (glibc); the soak reads it beside RSS
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
 
 
