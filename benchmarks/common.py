@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: real-code prompt windows, the machine's description, table printing."""
+"""Shared by the benchmark scripts: real-code prompt windows, the machine's description, table
+printing."""
 
 from __future__ import annotations
 

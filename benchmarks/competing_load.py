@@ -1,13 +1,15 @@
-"""A busy machine: `warmpath serve` while another process takes a core (a pure-Python busy loop, one thread:
-what a build, a test run or a second service does to a 2-core box). For each configuration, with and without
-the competing process, N clients at concurrency 1 / 4 / 16 send real-code completions (256-token prompts, 64
-tokens out, each prompt different) for --seconds; reported: requests completed and output tokens/s.
+"""A busy machine: `warmpath serve` while another process takes a core (a pure-Python busy loop, one
+thread: what a build, a test run or a second service does to a 2-core box). For each configuration,
+with and without the competing process, N clients at concurrency 1 / 4 / 16 send real-code
+completions (256-token prompts, 64 tokens out, each prompt different) for --seconds; reported:
+requests completed and output tokens/s.
 
     python benchmarks/competing_load.py [--configs plan,bf16] [--seconds 45]
 
-`plan` is warmpath as it ships (the plan measured on this machine, with thread tuning: one thread while another
-process holds a core); `plan-fixed` is `--no-thread-tuning` (every core always); `bf16` is `--dtype bfloat16` (torch
-in bf16: the default before plans on a CPU with bf16); `fp32` is `--dtype float32`.
+`plan` is warmpath as it ships (the plan measured on this machine, with thread tuning: one thread
+while another process holds a core); `plan-fixed` is `--no-thread-tuning` (every core always);
+`bf16` is `--dtype bfloat16` (torch in bf16: the default before plans on a CPU with bf16); `fp32` is
+`--dtype float32`.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ async def load(url: str, prompts: list[str], concurrency: int, seconds: float) -
         while time.monotonic() < end:
             body = {"prompt": next(queue), "max_tokens": 64, "temperature": 0}
             try:
-                r = await c.post(f"{url}/v1/completions", json=body, timeout=max(1.0, end - time.monotonic()))
+                r = await c.post(f"{url}/v1/completions", json=body,
+                                 timeout=max(1.0, end - time.monotonic()))
                 if r.status_code == 200:
                     done += 1
                     tokens += r.json()["usage"]["completion_tokens"]
@@ -76,7 +79,8 @@ async def load(url: str, prompts: list[str], concurrency: int, seconds: float) -
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="plan,bf16")
     p.add_argument("--seconds", type=float, default=45.0)
     p.add_argument("--concurrency", default="1,4,16")
@@ -95,7 +99,8 @@ def main() -> int:
         proc = serve(CONFIGS[name], a.port)
         try:
             url = f"http://127.0.0.1:{a.port}"
-            httpx.post(f"{url}/v1/completions", json={"prompt": prompts[-1], "max_tokens": 4}, timeout=120)
+            httpx.post(f"{url}/v1/completions", json={"prompt": prompts[-1], "max_tokens": 4},
+                       timeout=120)
             for hog in (False, True):
                 busy = subprocess.Popen([sys.executable, "-c", HOG]) if hog else None
                 try:
@@ -108,13 +113,18 @@ def main() -> int:
                         busy.kill()
                         busy.wait()
                 results[f"{name}{' + busy core' if hog else ''}"] = cells
-                print(f"| {name} | {'yes' if hog else 'no'} | " + " | ".join(
-                    f"{cells[c]['completed']} ({cells[c]['tokens_per_s']:.1f})" for c in levels) + " |", flush=True)
+                print(
+                    f"| {name} | {'yes' if hog else 'no'} | " +
+                    " | ".join(f"{cells[c]['completed']} ({cells[c]['tokens_per_s']:.1f})"
+                               for c in levels) + " |", flush=True)
         finally:
             proc.terminate()
             proc.wait()
-    write_json(a.out, {"command": " ".join(["python", *sys.argv]), "machine": machine(), "seconds": a.seconds,
-                       "results": results})
+    write_json(
+        a.out, {
+            "command": " ".join(["python", *sys.argv]), "machine": machine(), "seconds": a.seconds,
+            "results": results
+        })
     return 0
 
 

@@ -1,13 +1,14 @@
 """Continuous batching and chunked prefill on the bundled model.
 
-    python benchmarks/engine_batching.py [--dtype auto] [--streams 1,4,16,32] [--budgets 256,512,none]
+    python benchmarks/engine_batching.py [--dtype auto] [--streams 1,4,16,32] [--budgets
+    256,512,none]
 
 1. Aggregate decode tokens/s with N concurrent streams (256-token real-code prompts, 64 tokens out):
-   tokens generated while every stream is decoding (after the last prompt's prefill, until the first stream
-   finishes), divided by that time.
-2. Head-of-line: 8 streams decoding when a 4,000-token prompt arrives. Inter-token latency p50 / p99 of the
-   8 streams while it prefills, and its TTFT, for several per-step token budgets ("none" = the whole
-   prompt in one step: no chunking).
+   tokens generated while every stream is decoding (after the last prompt's prefill, until the first
+   stream finishes), divided by that time.
+2. Head-of-line: 8 streams decoding when a 4,000-token prompt arrives. Inter-token latency p50 / p99
+   of the 8 streams while it prefills, and its TTFT, for several per-step token budgets ("none" =
+   the whole prompt in one step: no chunking).
 """
 
 from __future__ import annotations
@@ -65,12 +66,15 @@ def head_of_line(llm: LLM, streams: list[list[int]], big: list[int]) -> dict:
     for i in range(len(streams)):
         engine.abort(f"d{i}")
     engine.step()
-    return {"itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99), "itl_max_s": max(gaps),
-            "big_ttft_s": ttft}
+    return {
+        "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
+        "itl_max_s": max(gaps), "big_ttft_s": ttft
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--streams", default="1,4,16,32")
     ap.add_argument("--budgets", default="256,512,none")
@@ -84,7 +88,8 @@ def main() -> None:
     hol = []
     for b in args.budgets.split(","):
         engine, tokens = llm.engine, 8192 if b == "none" else int(b)
-        # The scheduler reads its own (frozen) config: a new one, for both it and the engine's config.
+        # The scheduler reads its own (frozen) config: a new one, for both it and the engine's
+        # config.
         engine.config.scheduler = engine.scheduler.config = replace(engine.config.scheduler,
                                                                     max_num_batched_tokens=tokens)
         hol.append({"budget": b, **head_of_line(llm, windows[:8], big)})
@@ -98,8 +103,9 @@ def main() -> None:
     print("| token budget per step | ITL p50 | ITL p99 | ITL max | 4k prompt TTFT |")
     print("|---|---|---|---|---|")
     for r in hol:
-        print(f"| {r['budget']} | {r['itl_p50_s'] * 1000:.0f} ms | {r['itl_p99_s'] * 1000:.0f} ms | "
-              f"{r['itl_max_s'] * 1000:.0f} ms | {r['big_ttft_s']:.2f} s |")
+        print(
+            f"| {r['budget']} | {r['itl_p50_s'] * 1000:.0f} ms | {r['itl_p99_s'] * 1000:.0f} ms | "
+            f"{r['itl_max_s'] * 1000:.0f} ms | {r['big_ttft_s']:.2f} s |")
     write_json(args.json, {"machine": machine(), "dtype": str(llm.dtype), "throughput": throughput,
                            "head_of_line": hol})
 

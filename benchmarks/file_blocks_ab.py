@@ -1,7 +1,8 @@
-"""The kernel over a GGUF file's own blocks (Q5_0 / Q4_K / Q6_K, cpu/kquants.h) against the same file converted to
-Q4_1 / Q8_0 as the kernel read it before (Q4_K -> Q4_1, Q5_0 / Q6_K -> Q8_0, a fused group of mixed kinds
-requantized to Q8_0): resident weights and step times, both in one process, call after call (the VM's swings land
-on both alike), int8 activations over a bf16 cache as the plan's native-int8 runs them.
+"""The kernel over a GGUF file's own blocks (Q5_0 / Q4_K / Q6_K, cpu/kquants.h) against the same
+file converted to Q4_1 / Q8_0 as the kernel read it before (Q4_K -> Q4_1, Q5_0 / Q6_K -> Q8_0, a
+fused group of mixed kinds requantized to Q8_0): resident weights and step times, both in one
+process, call after call (the VM's swings land on both alike), int8 activations over a bf16 cache as
+the plan's native-int8 runs them.
 
     python benchmarks/file_blocks_ab.py --model qwen2.5-coder-0.5b [--rounds 5] [--json out.json]
 """
@@ -24,7 +25,8 @@ from warmpath.models.loader import load_checkpoint
 from warmpath.models.quant import QuantizedMatrix
 from warmpath.models.registry import resolve_model
 
-SHAPES = [(1, 1, 512), (1, 1, 2048), (4, 1, 512), (16, 1, 512), (1, 128, 2048), (1, 512, 0)]  # seqs, new, cached
+# seqs, new, cached
+SHAPES = [(1, 1, 512), (1, 1, 2048), (4, 1, 512), (16, 1, 512), (1, 128, 2048), (1, 512, 0)]
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
@@ -46,7 +48,8 @@ def converted(quantized) -> dict[str, QuantizedMatrix]:
 def runner(ckpt, quantized) -> ModelRunner:
     blocks = plan_timing.CONTEXT_BLOCKS + plan_timing.TAIL_BLOCKS
     kv = allocate_kv_cache(ckpt.config, blocks, plan_timing.BLOCK, torch.bfloat16, "cpu")
-    native = NativeForward(ckpt.config, ckpt.weights, quantized, kv, plan_timing.BLOCK, activations="int8")
+    native = NativeForward(ckpt.config, ckpt.weights, quantized, kv, plan_timing.BLOCK,
+                           activations="int8")
     return ModelRunner(None, kv, plan_timing.BLOCK, native, plan=plan_timing.single("native-int8"))
 
 
@@ -61,13 +64,20 @@ def main() -> None:
     file_bytes = Path(path).stat().st_size
     base, new = runner(ckpt, converted(ckpt.quantized)), runner(ckpt, ckpt.quantized)
     sizes = {k: r.native.weight_bytes for k, r in (("converted", base), ("file", new))}
-    print(f"{Path(path).name}: file {file_bytes / 1e6:.0f} MB; resident weights: converted "
-          f"{sizes['converted'] / 1e6:.0f} MB ({sizes['converted'] / file_bytes:.3f}x the file), file blocks "
-          f"{sizes['file'] / 1e6:.0f} MB ({sizes['file'] / file_bytes:.3f}x); kinds {new.native.weight_kinds}")
+    print(
+        f"{Path(path).name}: file {file_bytes / 1e6:.0f} MB; resident weights: converted "
+        f"{sizes['converted'] / 1e6:.0f} MB ({sizes['converted'] / file_bytes:.3f}x the file), "
+        "file blocks "
+        f"{sizes['file'] / 1e6:.0f} MB ({sizes['file'] / file_bytes:.3f}x); kinds "
+        f"{new.native.weight_kinds}"
+    )
     rows = alternate(base, new, SHAPES, args.rounds, ("converted", "file"))
     if args.json:
-        write_json(args.json, {"machine": machine(), "model": Path(path).name, "file_bytes": file_bytes,
-                               "resident_bytes": sizes, "kinds": new.native.weight_kinds, "rows": rows})
+        write_json(
+            args.json, {
+                "machine": machine(), "model": Path(path).name, "file_bytes": file_bytes,
+                "resident_bytes": sizes, "kinds": new.native.weight_kinds, "rows": rows
+            })
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Prompt tokens a keystroke computes under each FIM layout, on the editor trace (issue 33): every keystroke of
-`warmpath bench --workload editor` (same seed, developers, duration, rate) rendered as the server renders it, and
-the tokens after the longest block-aligned prefix it shares with the same developer's previous prompt counted, as a
-prefix cache of 16-token blocks that evicts nothing would compute them. No server: the layouts' own cost, exactly.
+"""Prompt tokens a keystroke computes under each FIM layout, on the editor trace (issue 33): every
+keystroke of `warmpath bench --workload editor` (same seed, developers, duration, rate) rendered as
+the server renders it, and the tokens after the longest block-aligned prefix it shares with the same
+developer's previous prompt counted, as a prefix cache of 16-token blocks that evicts nothing would
+compute them. No server: the layouts' own cost, exactly.
 
-    python benchmarks/fim_tokens.py --model qwen2.5-coder-0.5b [--developers 4 --duration 120 --rate 30 --seed 3]
+    python benchmarks/fim_tokens.py --model qwen2.5-coder-0.5b [--developers 4 --duration 120 --rate
+    30 --seed 3]
 """
 
 from __future__ import annotations
@@ -50,11 +52,20 @@ def main() -> None:
             counts[name].append(computed(last.get((name, key["session"])), ids))
             last[(name, key["session"])] = ids
     rows = {}
-    print(f"| layout ({args.model}, {len(counts['cursor'])} keystrokes) | p50 | p90 | share > 64 |\n|---|---|---|---|")
+    print(
+        f"| layout ({args.model}, {len(counts['cursor'])} keystrokes) | p50 | p90 | share > 64 "
+        "|\n|---|---|---|---|"
+    )
     for name, v in counts.items():
         v = sorted(v)
-        rows[name] = {"p50": v[len(v) // 2], "p90": v[int(0.9 * len(v))], "over_64": sum(x > 64 for x in v) / len(v)}
-        print(f"| {name} | {rows[name]['p50']} | {rows[name]['p90']} | {100 * rows[name]['over_64']:.1f}% |")
+        rows[name] = {
+            "p50": v[len(v) // 2], "p90": v[int(0.9 * len(v))],
+            "over_64": sum(x > 64 for x in v) / len(v)
+        }
+        print(
+            f"| {name} | {rows[name]['p50']} | {rows[name]['p90']} | "
+            f"{100 * rows[name]['over_64']:.1f}% |"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
 

@@ -1,11 +1,12 @@
-"""Start to first answer: `warmpath serve` on a $WARMPATH_HOME that has never seen the model (no compiled kernel,
-no plan), then a restart on the same home (issue 29, point 3).
+"""Start to first answer: `warmpath serve` on a $WARMPATH_HOME that has never seen the model (no
+compiled kernel, no plan), then a restart on the same home (issue 29, point 3).
 
-    python benchmarks/first_start.py --model qwen2.5-coder-0.5b [--restarts 2] [--out benchmarks/results/...]
+    python benchmarks/first_start.py --model qwen2.5-coder-0.5b [--restarts 2] [--out
+    benchmarks/results/...]
 
-The model file is the fetched one (`warmpath fetch-model`, linked into the fresh home so nothing is downloaded
-during the timing). Each start's time is from spawning the server to the first FIM completion's answer; the
-server's own log lines give the phases (kernel build, load, plan).
+The model file is the fetched one (`warmpath fetch-model`, linked into the fresh home so nothing is
+downloaded during the timing). Each start's time is from spawning the server to the first FIM
+completion's answer; the server's own log lines give the phases (kernel build, load, plan).
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def free_port() -> int:
 def one_start(model: Path, home: Path, log: Path, timeout_s: float) -> dict:
     port = free_port()
     env = {**os.environ, "WARMPATH_HOME": str(home)}
-    cmd = [str(Path(sys.executable).with_name("warmpath")), "serve", "--model", str(model), "--port", str(port)]
+    cmd = [
+        str(Path(sys.executable).with_name("warmpath")), "serve", "--model",
+        str(model), "--port",
+        str(port)
+    ]
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -52,8 +57,9 @@ def one_start(model: Path, home: Path, log: Path, timeout_s: float) -> dict:
             if time.perf_counter() - t0 > timeout_s:
                 raise TimeoutError(f"no answer in {timeout_s:.0f} s; see {log}")
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
-                               json={"prompt": PROMPT, "suffix": SUFFIX, "max_tokens": 16, "temperature": 0})
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                    json={"prompt": PROMPT, "suffix": SUFFIX, "max_tokens": 16, "temperature": 0})
             except httpx.TransportError:
                 time.sleep(0.1)
                 continue

@@ -1,9 +1,11 @@
-"""What `warmpath lsp` adds to a completion's latency (issue 32): keystroke to item through the language server
-(a real LSP client over stdio, pygls' LanguageClient, debounce off) vs the same request sent straight to the
-server over HTTP (the same body, streamed the same way, under a session of its own as the language server's is),
-on one `warmpath serve`, alternating which goes first at each keystroke so both see the same warm prefix cache.
+"""What `warmpath lsp` adds to a completion's latency (issue 32): keystroke to item through the
+language server (a real LSP client over stdio, pygls' LanguageClient, debounce off) vs the same
+request sent straight to the server over HTTP (the same body, streamed the same way, under a session
+of its own as the language server's is), on one `warmpath serve`, alternating which goes first at
+each keystroke so both see the same warm prefix cache.
 
-    python benchmarks/lsp_overhead.py --model qwen2.5-coder-0.5b [--keys 60] [--out benchmarks/results/...]
+    python benchmarks/lsp_overhead.py --model qwen2.5-coder-0.5b [--keys 60] [--out
+    benchmarks/results/...]
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def end_of(text: str) -> types.Position:
 
 async def measure(url: str, keys: int) -> dict:
     client = LanguageClient("lsp-overhead", "1")
-    await client.start_io(sys.executable, "-m", "warmpath.cli", "--log-level", "WARNING", "lsp", "--url", url,
-                          "--max-tokens", str(MAX_TOKENS))
+    await client.start_io(sys.executable, "-m", "warmpath.cli", "--log-level", "WARNING", "lsp",
+                          "--url", url, "--max-tokens", str(MAX_TOKENS))
     await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities(),
                                                          initialization_options={"debounceMs": 0}))
     client.initialized(types.InitializedParams())
@@ -57,32 +59,43 @@ async def measure(url: str, keys: int) -> dict:
 
         async def via_lsp(typed: str):
             t = time.perf_counter()
-            await client.text_document_inline_completion_async(types.InlineCompletionParams(
-                text_document=types.TextDocumentIdentifier(URI), position=end_of(HEAD + typed),
-                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+            await client.text_document_inline_completion_async(
+                types.InlineCompletionParams(
+                    text_document=types.TextDocumentIdentifier(URI), position=end_of(HEAD + typed),
+                    context=types.InlineCompletionContext(
+                        trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
             lsp_ms.append((time.perf_counter() - t) * 1000)
 
         async def via_http(typed: str):  # the request the language server sends, from here
             t = time.perf_counter()
-            body = {"prompt": HEAD + typed, "suffix": SUFFIX, "max_tokens": MAX_TOKENS, "temperature": 0.0}
-            await stream_completion(http, Target(url), body, RequestRecord("direct", "editor", 0.0), clock,
-                                    total_deadline_s=Settings().deadline_ms / 1000, session="direct")
+            body = {
+                "prompt": HEAD + typed, "suffix": SUFFIX, "max_tokens": MAX_TOKENS,
+                "temperature": 0.0
+            }
+            await stream_completion(http, Target(url), body, RequestRecord("direct", "editor", 0.0),
+                                    clock, total_deadline_s=Settings().deadline_ms / 1000,
+                                    session="direct")
             http_ms.append((time.perf_counter() - t) * 1000)
 
         for k in range(keys):
             typed = TYPED[:k + 1]
             at = end_of(HEAD + typed[:-1])
-            client.text_document_did_change(types.DidChangeTextDocumentParams(
-                types.VersionedTextDocumentIdentifier(uri=URI, version=k + 2),
-                [types.TextDocumentContentChangePartial(range=types.Range(at, at), text=typed[-1])]))
+            client.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    types.VersionedTextDocumentIdentifier(uri=URI, version=k + 2), [
+                        types.TextDocumentContentChangePartial(range=types.Range(at, at),
+                                                               text=typed[-1])
+                    ]))
             for run in ((via_lsp, via_http) if k % 2 == 0 else (via_http, via_lsp)):
                 await run(typed)
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()
-    return {"lsp_ms": lsp_ms, "http_ms": http_ms, "lsp_p50_ms": statistics.median(lsp_ms),
-            "http_p50_ms": statistics.median(http_ms),
-            "overhead_p50_ms": statistics.median(a - b for a, b in zip(lsp_ms, http_ms, strict=True))}
+    return {
+        "lsp_ms": lsp_ms, "http_ms": http_ms, "lsp_p50_ms": statistics.median(lsp_ms),
+        "http_p50_ms": statistics.median(http_ms),
+        "overhead_p50_ms": statistics.median(a - b for a, b in zip(lsp_ms, http_ms, strict=True))
+    }
 
 
 def main() -> None:
@@ -99,9 +112,10 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(60)
-    print(f"keystroke to item, p50: through warmpath lsp {result['lsp_p50_ms']:.1f} ms, direct HTTP "
-          f"{result['http_p50_ms']:.1f} ms; overhead p50 {result['overhead_p50_ms']:.1f} ms "
-          f"({len(result['lsp_ms'])} keystrokes, {Path(model).name})")
+    print(
+        f"keystroke to item, p50: through warmpath lsp {result['lsp_p50_ms']:.1f} ms, direct HTTP "
+        f"{result['http_p50_ms']:.1f} ms; overhead p50 {result['overhead_p50_ms']:.1f} ms "
+        f"({len(result['lsp_ms'])} keystrokes, {Path(model).name})")
     if args.out:
         write_json(args.out, {"machine": machine(), "model": Path(model).name, **result})
 

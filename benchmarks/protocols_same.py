@@ -1,10 +1,11 @@
-"""The same editor requests through every protocol to two servers (A and B: before and after a change), one at a
-time, greedy, no deadline: whether each protocol's answers and prompt token counts are the same on both. With
---keystrokes N, then the request path's own time: N warm keystrokes of one file per protocol (each a character more
-of a line typed), one at a time, A and B alternating, median TTFT each. The loaded side of the comparison is
-benchmarks/protocols_ab.sh.
+"""The same editor requests through every protocol to two servers (A and B: before and after a
+change), one at a time, greedy, no deadline: whether each protocol's answers and prompt token counts
+are the same on both. With --keystrokes N, then the request path's own time: N warm keystrokes of
+one file per protocol (each a character more of a line typed), one at a time, A and B alternating,
+median TTFT each. The loaded side of the comparison is benchmarks/protocols_ab.sh.
 
-    python benchmarks/protocols_same.py URL_A URL_B [--requests 40] [--keystrokes 25] [--out results/....json]
+    python benchmarks/protocols_same.py URL_A URL_B [--requests 40] [--keystrokes 25] [--out
+    results/....json]
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import machine, write_json  # noqa: E402
 
-from warmpath.client.completion import PROTOCOLS, RequestRecord, Target, discover_model, stream_completion  # noqa: E402
+from warmpath.client.completion import (  # noqa: E402
+    PROTOCOLS,
+    RequestRecord,
+    Target,
+    discover_model,
+    stream_completion,
+)
 from warmpath.workloads import editor_prompt, make_trace  # noqa: E402
 
 
@@ -39,8 +46,10 @@ async def answers(url: str, protocol: str, bodies: list[dict]) -> list[tuple[str
         return out
 
 
-async def keystroke_ttfts(urls: list[str], protocol: str, prefix: str, suffix: str, n: int) -> list[float]:
-    """Median TTFT (ms) per server of n keystrokes typing one line at the cursor, the servers alternating."""
+async def keystroke_ttfts(urls: list[str], protocol: str, prefix: str, suffix: str,
+                          n: int) -> list[float]:
+    """Median TTFT (ms) per server of n keystrokes typing one line at the cursor, the servers
+    alternating."""
     line = "        total = sum(len(r.prompt_token_ids) for r in self.waiting)\n"
     times: list[list[float]] = [[] for _ in urls]
     async with httpx.AsyncClient(timeout=600) as http:
@@ -48,8 +57,10 @@ async def keystroke_ttfts(urls: list[str], protocol: str, prefix: str, suffix: s
         for t in targets:
             t.model = await discover_model(http, t)
         for i in range(-1, n):  # -1: each server's cache warmed with the file first
-            body = {"prompt": prefix + line[: max(0, i) * len(line) // n], "suffix": suffix, "max_tokens": 8,
-                    "temperature": 0}
+            body = {
+                "prompt": prefix + line[:max(0, i) * len(line) // n], "suffix": suffix,
+                "max_tokens": 8, "temperature": 0
+            }
             order = range(len(urls)) if i % 2 else reversed(range(len(urls)))
             for k in order:
                 rec = RequestRecord(f"key-{i}", "editor", time.monotonic())
@@ -76,7 +87,8 @@ def main() -> None:
         bodies.append({"prompt": prefix, "suffix": suffix, "max_tokens": 16, "temperature": 0})
     rows = {}
     for protocol in PROTOCOLS:
-        a, b = asyncio.run(answers(args.a, protocol, bodies)), asyncio.run(answers(args.b, protocol, bodies))
+        a, b = asyncio.run(answers(args.a, protocol,
+                                   bodies)), asyncio.run(answers(args.b, protocol, bodies))
         same = sum(x == y for x, y in zip(a, b, strict=True))
         rows[protocol] = {"requests": len(bodies), "same_answer_and_prompt_tokens": same,
                           "differ": [{"a": x, "b": y} for x, y in zip(a, b, strict=True) if x != y]}
@@ -85,11 +97,15 @@ def main() -> None:
     if args.keystrokes:
         prefix, suffix = editor_prompt(trace, keys[len(keys) // 2])
         for protocol in PROTOCOLS:
-            a, b = asyncio.run(keystroke_ttfts([args.a, args.b], protocol, prefix, suffix, args.keystrokes))
+            a, b = asyncio.run(
+                keystroke_ttfts([args.a, args.b], protocol, prefix, suffix, args.keystrokes))
             timed[protocol] = {"a_ttft_ms_p50": a, "b_ttft_ms_p50": b}
-            print(f"{protocol}: {args.keystrokes} warm keystrokes, median TTFT A {a} ms, B {b} ms", flush=True)
+            print(f"{protocol}: {args.keystrokes} warm keystrokes, median TTFT A {a} ms, B {b} ms",
+                  flush=True)
     if args.out:
-        write_json(args.out, {"machine": machine(), "a": args.a, "b": args.b, "rows": rows, "keystrokes": timed})
+        write_json(
+            args.out,
+            {"machine": machine(), "a": args.a, "b": args.b, "rows": rows, "keystrokes": timed})
 
 
 if __name__ == "__main__":

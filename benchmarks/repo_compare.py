@@ -1,10 +1,12 @@
-"""Two runs of `warmpath eval --suite repo --out` side by side, hole by hole (the same holes in both).
+"""Two runs of `warmpath eval --suite repo --out` side by side, hole by hole (the same holes in
+both).
 
     python benchmarks/repo_compare.py A.json B.json [--by language|kind|language_kind|age]
 
-Per group, for each run: exact as inserted, with the newline cut, first line right, latency p50; the difference,
-and the paired counts (holes right only in A, only in B): a difference of a point on a few hundred holes is a
-handful of holes, so the pairs say whether it is noise of the model's near-ties or one direction."""
+Per group, for each run: exact as inserted, with the newline cut, first line right, latency p50; the
+difference, and the paired counts (holes right only in A, only in B): a difference of a point on a
+few hundred holes is a handful of holes, so the pairs say whether it is noise of the model's
+near-ties or one direction."""
 
 from __future__ import annotations
 
@@ -48,8 +50,10 @@ def main() -> None:
         groups[group_of(a[i], args.by)].append(i)
     print(f"A: {runs[0].get('label') or args.a} ({runs[0].get('model')}, {runs[0].get('client')})")
     print(f"B: {runs[1].get('label') or args.b} ({runs[1].get('model')}, {runs[1].get('client')})")
-    print("| group | holes | exact A | exact B | B - A | right only in A | only in B | newline cut A | newline cut B "
-          "| first line A | first line B | p50 s A | p50 s B |")
+    print(
+        "| group | holes | exact A | exact B | B - A | right only in A | only in B | newline cut A "
+        "| newline cut B "
+        "| first line A | first line B | p50 s A | p50 s B |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ["all", *sorted(g for g in groups if g != "all")]:
         ids = groups[name]
@@ -63,9 +67,11 @@ def main() -> None:
         diff = (sum(b[i]["exact"] for i in ids) - sum(a[i]["exact"] for i in ids)) / n
         only_a = sum(a[i]["exact"] and not b[i]["exact"] for i in ids)
         only_b = sum(b[i]["exact"] and not a[i]["exact"] for i in ids)
-        print(f"| {name} | {n} | {share(a, 'exact')} | {share(b, 'exact')} | {100 * diff:+.1f} | {only_a} | {only_b} "
-              f"| {share(a, 'newline_cut')} | {share(b, 'newline_cut')} | {share(a, 'first_line')} | "
-              f"{share(b, 'first_line')} | {p50(a)} | {p50(b)} |")
+        print(
+            f"| {name} | {n} | {share(a, 'exact')} | {share(b, 'exact')} | {100 * diff:+.1f} | "
+            f"{only_a} | {only_b} "
+            f"| {share(a, 'newline_cut')} | {share(b, 'newline_cut')} | {share(a, 'first_line')} | "
+            f"{share(b, 'first_line')} | {p50(a)} | {p50(b)} |")
 
 if __name__ == "__main__":
     main()

@@ -1,14 +1,16 @@
-"""warmpath vs llama.cpp's `llama-server` on the same GGUF file, through the same HTTP API, in one run (issue 29's
-rows): cold prefill of 512 / 2,000 tokens (time to the first token of a fresh window of real code), warm 2,000 + 20
-(the same window again with 20 new tokens: what the prefix cache buys), one stream's decode (64 tokens after a
-512-token prompt, greedy, `ignore_eos`), and 4 / 16 concurrent streams (256-token prompts, 64 tokens each:
-aggregate tokens/s). Each server runs alone, with every core; llama-server at its serving settings (continuous
-batching, prompt cache, one unified KV buffer, slots for 16); warmpath as `warmpath serve` ships, plus its decode
-with speculation off (the row that compares the kernels); `--systems warmpath,kv-int8,llama.cpp` adds the int8 KV
-cache (issue 30).
+"""warmpath vs llama.cpp's `llama-server` on the same GGUF file, through the same HTTP API, in one
+run (issue 29's rows): cold prefill of 512 / 2,000 tokens (time to the first token of a fresh window
+of real code), warm 2,000 + 20 (the same window again with 20 new tokens: what the prefix cache
+buys), one stream's decode (64 tokens after a 512-token prompt, greedy, `ignore_eos`), and 4 / 16
+concurrent streams (256-token prompts, 64 tokens each: aggregate tokens/s). Each server runs alone,
+with every core; llama-server at its serving settings (continuous batching, prompt cache, one
+unified KV buffer, slots for 16); warmpath as `warmpath serve` ships, plus its decode with
+speculation off (the row that compares the kernels); `--systems warmpath,kv-int8,llama.cpp` adds the
+int8 KV cache (issue 30).
 
-    python benchmarks/baselines/llama_server.py install       # once
-    python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] [--out ...]
+    python benchmarks/baselines/llama_server.py install       # once python
+    benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] [--out
+    ...]
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ def measure(url: str, windows: dict, repeats: int) -> dict:
     rows["warm_2000_20_s"] = statistics.median(warm)
     rows["decode_tps"] = statistics.median(decode_tps(url, w) for w in windows["decode"])
     for n in (4, 16):
-        rows[f"concurrent{n}_tps"] = statistics.median(concurrent_tps(url, windows[f"conc{n}"][r * n:(r + 1) * n])
-                                                       for r in range(repeats))
+        rows[f"concurrent{n}_tps"] = statistics.median(
+            concurrent_tps(url, windows[f"conc{n}"][r * n:(r + 1) * n]) for r in range(repeats))
     return rows
 
 
@@ -107,10 +109,13 @@ def main() -> None:
         sys.exit("llama-server is not built: python benchmarks/baselines/llama_server.py install")
     tok = load_tokenizer(model)
     r = args.repeats
-    pool = iter(code_windows(tok, WARM + WARM_NEW, 4 * r + 40))  # distinct windows: nothing warm by accident
-    windows = {"warmup": next(pool)[:64], "cold_512": [next(pool)[:512] for _ in range(r)],
-               "cold_2000": [next(pool)[:2000] for _ in range(r)], "warm": [next(pool) for _ in range(r)],
-               "decode": [next(pool)[:DECODE_CTX] for _ in range(r)]}
+    # distinct windows: nothing warm by accident
+    pool = iter(code_windows(tok, WARM + WARM_NEW, 4 * r + 40))
+    windows = {
+        "warmup": next(pool)[:64], "cold_512": [next(pool)[:512] for _ in range(r)],
+        "cold_2000": [next(pool)[:2000] for _ in range(r)], "warm": [next(pool) for _ in range(r)],
+        "decode": [next(pool)[:DECODE_CTX] for _ in range(r)]
+    }
     conc = [w[i * CONC_PROMPT:(i + 1) * CONC_PROMPT] for w in pool for i in range(8)]
     windows["conc4"], windows["conc16"] = conc[:4 * r], conc[4 * r:4 * r + 16 * r]
     warmpath = [WARMPATH, "serve", "--model", model, "--num-threads", threads]
@@ -118,13 +123,17 @@ def main() -> None:
         "warmpath": warmpath,
         "warmpath, speculation off": [*warmpath, "--speculative-method", "none"],
         "warmpath, int8 KV": [*warmpath, "--kv-cache-dtype", "int8"],
-        "llama.cpp llama-server": [str(llama_server_binary()), "--model", model, "--host", "127.0.0.1",
-                                   "--threads", threads, "--threads-batch", threads, "--ctx-size", str(16 * 2600),
-                                   "--parallel", "16", "--kv-unified", "--cont-batching", "--cache-prompt",
-                                   "--no-webui"],
+        "llama.cpp llama-server": [
+            str(llama_server_binary()), "--model", model, "--host", "127.0.0.1", "--threads",
+            threads, "--threads-batch", threads, "--ctx-size",
+            str(16 * 2600), "--parallel", "16", "--kv-unified", "--cont-batching", "--cache-prompt",
+            "--no-webui"
+        ],
     }
-    keys = {"warmpath": "warmpath", "speculation-off": "warmpath, speculation off", "kv-int8": "warmpath, int8 KV",
-            "llama.cpp": "llama.cpp llama-server"}
+    keys = {
+        "warmpath": "warmpath", "speculation-off": "warmpath, speculation off",
+        "kv-int8": "warmpath, int8 KV", "llama.cpp": "llama.cpp llama-server"
+    }
     systems = {keys[k]: systems[keys[k]] for k in args.systems.split(",")}
     results = {}
     for name, cmd in systems.items():

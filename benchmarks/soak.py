@@ -1,22 +1,26 @@
-"""Soak: mixed editor + agent traffic through `warmpath route` to two `warmpath serve` nodes for --minutes, each node
-with its own KV tier on disk (--kv-offload-dir: one directory each, so each node's bound is its own), with
-clients that give up at random (mid-prefill, mid-stream); node 1 killed (SIGKILL) and restarted twice, then
-restarted once more drained through the admin API first, as an operator would; floods of requests past their
-deadline (`X-Deadline-Ms: 1`) and of clients that hang up right after sending, from many session ids. Every
---sample-every seconds it records each process's RSS, open file descriptors and threads, each node's KV blocks in
-use, requests running / waiting and tier bytes on disk, and the router's requests in flight; at the end, with the
-traffic stopped and the nodes idle, the same once more. Then fixed greedy prompts (sent at the start and again
-before each time node 1 goes down, so their prefixes were cached, evicted, lost to the kills, kept in the tier) go
-through the router twice (the second time their prefixes cached), and to a fresh `warmpath serve` without a
-tier: the answers must be the same, token for token. Writes JSON and a PNG plot; prints the table and the
-verdict (soak_report.py; exit status 1 when it fails). Loopback only.
+"""Soak: mixed editor + agent traffic through `warmpath route` to two `warmpath serve` nodes for
+--minutes, each node with its own KV tier on disk (--kv-offload-dir: one directory each, so each
+node's bound is its own), with clients that give up at random (mid-prefill, mid-stream); node 1
+killed (SIGKILL) and restarted twice, then restarted once more drained through the admin API first,
+as an operator would; floods of requests past their deadline (`X-Deadline-Ms: 1`) and of clients
+that hang up right after sending, from many session ids. Every --sample-every seconds it records
+each process's RSS, open file descriptors and threads, each node's KV blocks in use, requests
+running / waiting and tier bytes on disk, and the router's requests in flight; at the end, with the
+traffic stopped and the nodes idle, the same once more. Then fixed greedy prompts (sent at the start
+and again before each time node 1 goes down, so their prefixes were cached, evicted, lost to the
+kills, kept in the tier) go through the router twice (the second time their prefixes cached), and to
+a fresh `warmpath serve` without a tier: the answers must be the same, token for token. Writes JSON
+and a PNG plot; prints the table and the verdict (soak_report.py; exit status 1 when it fails).
+Loopback only.
 
-    python benchmarks/soak.py --minutes 60 --model qwen2.5-coder-0.5b   # the hour run (docs/benchmarks.md)
-    python benchmarks/soak.py --minutes 2 --model smollm2               # a quick look
+    python benchmarks/soak.py --minutes 60 --model qwen2.5-coder-0.5b   # the hour run
+    (docs/benchmarks.md) python benchmarks/soak.py --minutes 2 --model smollm2               # a
+    quick look
 
-Client-visible errors are answers a client did not ask to lose: a 5xx, an error event in a stream, a connection
-error. Disconnects are the client's own doing and counted apart, as are the streams node 1 was sending when it
-was killed (the router ends them with its error event: nothing replays half an answer).
+Client-visible errors are answers a client did not ask to lose: a 5xx, an error event in a stream, a
+connection error. Disconnects are the client's own doing and counted apart, as are the streams node
+1 was sending when it was killed (the router ends them with its error event: nothing replays half an
+answer).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # this checkout's warmpath, as the servers it starts run
+# this checkout's warmpath, as the servers it starts run
+sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]
 from common import machine, write_json  # noqa: E402
 from soak_report import plot, summarize, table, verdict  # noqa: E402
 
@@ -51,8 +56,12 @@ CHECK_PROMPTS = 6
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
-    """`warmpath ARGS` running this checkout's code (whatever the venv's `warmpath` script would import)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    """`warmpath ARGS` running this checkout's code (whatever the venv's `warmpath` script would
+    import)."""
+    env = {
+        **os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT),
+                                                                os.environ.get("PYTHONPATH")) if p)
+    }
     return subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "warning", *args],
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
 
@@ -82,17 +91,24 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def node_args(a, port: int) -> list[str]:
-    """A node's flags: the fleet's nodes (with a tier each) and the fresh server their answers are compared with."""
-    return ["--port", str(port), "--model", a.model, "--num-threads", str(a.threads), "--num-kv-blocks",
-            str(a.node_blocks)]
+    """A node's flags: the fleet's nodes (with a tier each) and the fresh server their answers are
+    compared with."""
+    return [
+        "--port",
+        str(port), "--model", a.model, "--num-threads",
+        str(a.threads), "--num-kv-blocks",
+        str(a.node_blocks)
+    ]
 
 
 @dataclass
 class Kill:
     node: int
     at: float  # time.monotonic() of the SIGKILL
-    in_flight: int  # the node's requests in flight at the router just before: the most the kill can cut
-    cut_writes: int = 0  # temporary tier files right after it (writes it cut short, and any in progress)
+    # the node's requests in flight at the router just before: the most the kill can cut
+    in_flight: int
+    # temporary tier files right after it (writes it cut short, and any in progress)
+    cut_writes: int = 0
 
 
 class Fleet:
@@ -108,36 +124,46 @@ class Fleet:
         self.restarts = 0
         self.kills: list[Kill] = []
         self.nodes = [self.start_node(i) for i in range(2)]
-        self.router = start(["route", "--port", str(self.a.base_port + 10), "--health-interval", "0.5",
-                             "--admin-key", ADMIN_KEY, *(x for u in self.urls for x in ("--node", u))],
-                            self.logs / "router.log")
+        self.router = start([
+            "route", "--port",
+            str(self.a.base_port + 10), "--health-interval", "0.5", "--admin-key", ADMIN_KEY,
+            *(x for u in self.urls for x in ("--node", u))
+        ], self.logs / "router.log")
         try:
-            for url, proc in [*zip(self.urls, self.nodes, strict=True), (self.router_url, self.router)]:
+            for url, proc in [
+                    *zip(self.urls, self.nodes, strict=True), (self.router_url, self.router)
+            ]:
                 wait_ready(url, proc)
         except BaseException:
             self.close()
             raise
 
     def start_node(self, i: int) -> subprocess.Popen:
-        return start(["serve", *node_args(self.a, self.ports[i]), "--kv-offload-dir", str(self.tiers[i]),
-                      "--kv-offload-bytes", self.a.kv_offload_bytes], self.logs / f"node{i}.log")
+        return start([
+            "serve", *node_args(self.a, self.ports[i]), "--kv-offload-dir",
+            str(self.tiers[i]), "--kv-offload-bytes", self.a.kv_offload_bytes
+        ], self.logs / f"node{i}.log")
 
     async def restart(self, i: int, http: httpx.AsyncClient) -> None:
-        """Drain node i, wait for its streams to finish (bounded), stop it, start it again, take it back."""
+        """Drain node i, wait for its streams to finish (bounded), stop it, start it again, take it
+        back."""
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-        await http.post(f"{self.router_url}/admin/nodes/drain", json={"node": self.urls[i]}, headers=admin)
+        await http.post(f"{self.router_url}/admin/nodes/drain", json={"node": self.urls[i]},
+                        headers=admin)
         end = time.monotonic() + 60
         while time.monotonic() < end and (await self.in_flight(http)).get(self.urls[i], 0):
             await asyncio.sleep(0.2)
         await asyncio.to_thread(stop, self.nodes[i])
         self.nodes[i] = self.start_node(i)
         await asyncio.to_thread(wait_ready, self.urls[i], self.nodes[i])
-        await http.post(f"{self.router_url}/admin/nodes/undrain", json={"node": self.urls[i]}, headers=admin)
+        await http.post(f"{self.router_url}/admin/nodes/undrain", json={"node": self.urls[i]},
+                        headers=admin)
         self.restarts += 1
 
     async def kill(self, i: int, http: httpx.AsyncClient) -> None:
-        """SIGKILL node i under traffic, its tier writer mid-write or not; start it again on the same tier. The
-        router finds it gone by itself (a refused connection) and back (its health check)."""
+        """SIGKILL node i under traffic, its tier writer mid-write or not; start it again on the
+        same tier. The router finds it gone by itself (a refused connection) and back (its health
+        check)."""
         in_flight = (await self.in_flight(http)).get(self.urls[i], 0)
         kill = Kill(i, time.monotonic(), in_flight)
         self.nodes[i].send_signal(signal.SIGKILL)
@@ -148,7 +174,8 @@ class Fleet:
         await asyncio.to_thread(wait_ready, self.urls[i], self.nodes[i])
 
     def cut_by_kill(self, node_url: str | None, since: float) -> bool:
-        """Whether a stream sent at `since` that ended in an error was node_url's, killed after that."""
+        """Whether a stream sent at `since` that ended in an error was node_url's, killed after
+        that."""
         return any(self.urls[k.node] == node_url and k.at >= since for k in self.kills)
 
     async def in_flight(self, http: httpx.AsyncClient) -> dict[str, int]:
@@ -161,7 +188,8 @@ class Fleet:
 
 
 def tier_usage(root: Path) -> dict:
-    """A tier directory on disk: its blocks' files (what the bound counts), the largest, and temporary files."""
+    """A tier directory on disk: its blocks' files (what the bound counts), the largest, and
+    temporary files."""
     kv_bytes = kv_files = largest = tmp_files = 0
     for p in root.rglob("*"):
         try:
@@ -172,20 +200,27 @@ def tier_usage(root: Path) -> dict:
                 tmp_files += 1
         except OSError:
             pass  # deleted (evicted) while we looked
-    return {"kv_bytes": kv_bytes, "kv_files": kv_files, "largest_file": largest, "tmp_files": tmp_files}
+    return {
+        "kv_bytes": kv_bytes, "kv_files": kv_files, "largest_file": largest, "tmp_files": tmp_files
+    }
 
 
-METRICS = {"kv_blocks_used": "warmpath_kv_cache_usage_ratio", "running": "warmpath_num_requests_running",
-           "kv_cache_bytes": "warmpath_kv_cache_bytes",
-           "waiting": "warmpath_num_requests_waiting", "tier_hit_tokens": "warmpath_prefix_cache_tier_hit_tokens_total",
-           "tier_rejected": "warmpath_kv_tier_rejected_blocks_total", "heap_used": "warmpath_heap_used_bytes",
-           "heap_free": "warmpath_heap_free_bytes"}
+METRICS = {
+    "kv_blocks_used": "warmpath_kv_cache_usage_ratio", "running": "warmpath_num_requests_running",
+    "kv_cache_bytes": "warmpath_kv_cache_bytes", "waiting": "warmpath_num_requests_waiting",
+    "tier_hit_tokens": "warmpath_prefix_cache_tier_hit_tokens_total",
+    "tier_rejected": "warmpath_kv_tier_rejected_blocks_total",
+    "heap_used": "warmpath_heap_used_bytes", "heap_free": "warmpath_heap_free_bytes"
+}
 
 
 async def node_row(fleet: Fleet, i: int, http: httpx.AsyncClient) -> dict | None:
     try:
         text = (await http.get(f"{fleet.urls[i]}/metrics", timeout=5)).text
-        g = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(warmpath_\w+) (\S+)$", text, re.M)}
+        g = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(warmpath_\w+) (\S+)$", text, re.M)
+        }
         row = {k: g[name] for k, name in METRICS.items()}
     except (httpx.HTTPError, KeyError):
         return None  # restarting
@@ -196,19 +231,23 @@ async def node_row(fleet: Fleet, i: int, http: httpx.AsyncClient) -> dict | None
 
 
 async def prefix_index_mb(fleet: Fleet, http: httpx.AsyncClient) -> float | None:
-    """The router's prefix indexes, summed over the nodes: bounded by --prefix-index-blocks, filled by new prompts
-    over the run (router/policies.py)."""
+    """The router's prefix indexes, summed over the nodes: bounded by --prefix-index-blocks, filled
+    by new prompts over the run (router/policies.py)."""
     try:
         text = (await http.get(f"{fleet.router_url}/metrics", timeout=5)).text
     except httpx.HTTPError:
         return None
-    return round(sum(float(m) for m in re.findall(r"^warmpath_router_prefix_index_bytes\{.*\} (\S+)$", text,
-                                                     re.M)) / 1e6, 1)
+    return round(
+        sum(
+            float(m)
+            for m in re.findall(r"^warmpath_router_prefix_index_bytes\{.*\} (\S+)$", text, re.M)) /
+        1e6, 1)
 
 
 def kv_resident_mb(pid: int, kv_bytes: float) -> float | None:
-    """The resident part of a node's KV pool: its one anonymous mapping of the pool's size (models/kv_cache.py
-    allocates it from zero pages, mapped as blocks are first written), from /proc/PID/smaps. None: not found."""
+    """The resident part of a node's KV pool: its one anonymous mapping of the pool's size
+    (models/kv_cache.py allocates it from zero pages, mapped as blocks are first written), from
+    /proc/PID/smaps. None: not found."""
     try:
         text = Path(f"/proc/{pid}/smaps").read_text()
     except OSError:
@@ -230,14 +269,18 @@ async def sample(fleet: Fleet, http: httpx.AsyncClient, t0: float) -> dict:
     row = {"t": round(time.monotonic() - t0, 1), "procs": {}, "nodes": {}, "tiers": {}}
     for i in range(2):
         row["nodes"][f"node{i}"] = await node_row(fleet, i, http)
-    for name, proc in [("router", fleet.router), *((f"node{i}", p) for i, p in enumerate(fleet.nodes))]:
+    for name, proc in [("router", fleet.router),
+                       *((f"node{i}", p) for i, p in enumerate(fleet.nodes))]:
         try:
             p = psutil.Process(proc.pid)
             row["procs"][name] = {"pid": proc.pid, "rss_mb": round(p.memory_info().rss / 1e6, 1),
                                   "fds": p.num_fds(), "threads": p.num_threads()}
             node = row["nodes"].get(name)
-            if node:  # a node's KV pool pages, mapped as first used: its RSS grows to the pool's size by design
-                row["procs"][name]["kv_resident_mb"] = kv_resident_mb(proc.pid, node["kv_cache_bytes"])
+            if node:
+                # a node's KV pool pages, mapped as first used: its RSS grows to the pool's size by
+                # design
+                row["procs"][name]["kv_resident_mb"] = kv_resident_mb(proc.pid,
+                                                                      node["kv_cache_bytes"])
         except psutil.Error:
             row["procs"][name] = None
     if row["procs"]["router"]:
@@ -252,12 +295,15 @@ async def sample(fleet: Fleet, http: httpx.AsyncClient, t0: float) -> dict:
 
 
 class Traffic:
-    """Editors (short prompts cut from real files, 16 tokens, a 3 s deadline) and agents (long chat contexts that
-    grow, 64 tokens); a share of requests abandoned by their client at a random moment."""
+    """Editors (short prompts cut from real files, 16 tokens, a 3 s deadline) and agents (long chat
+    contexts that grow, 64 tokens); a share of requests abandoned by their client at a random
+    moment."""
 
     def __init__(self, fleet: Fleet, a, texts: list[str]):
         self.fleet, self.a, self.texts = fleet, a, texts
-        self.counts = {"sent": 0, "ok": 0, "disconnected": 0, "silence": 0, "cut_by_kill": 0, "errors": 0}
+        self.counts = {
+            "sent": 0, "ok": 0, "disconnected": 0, "silence": 0, "cut_by_kill": 0, "errors": 0
+        }
         self.error_samples: list[str] = []
 
     def error(self, what: str) -> str:
@@ -266,13 +312,15 @@ class Traffic:
             self.error_samples.append(what[:300])
         return "errors"
 
-    async def one(self, http: httpx.AsyncClient, path: str, body: dict, headers: dict, give_up: float | None) -> str:
-        """One streamed request through the router, given up after `give_up` seconds (None: never); its outcome,
-        a key of `counts`."""
+    async def one(self, http: httpx.AsyncClient, path: str, body: dict, headers: dict,
+                  give_up: float | None) -> str:
+        """One streamed request through the router, given up after `give_up` seconds (None: never);
+        its outcome, a key of `counts`."""
         sent = time.monotonic()
         try:
             async with asyncio.timeout(give_up):
-                async with http.stream("POST", self.fleet.router_url + path, json=body, headers=headers) as r:
+                async with http.stream("POST", self.fleet.router_url + path, json=body,
+                                       headers=headers) as r:
                     if r.status_code != 200:
                         body_text = (await r.aread()).decode(errors="replace")
                         return self.error(f"HTTP {r.status_code}: {body_text}")
@@ -307,13 +355,15 @@ class Traffic:
         text, start, cursor = "", 0, 0
         while time.monotonic() < end:
             cursor += rng.randint(5, 80)  # typed on
-            if cursor >= len(text) or cursor - start > 4000 or rng.random() < 0.05:  # another file, or spot
+            if cursor >= len(text) or cursor - start > 4000 or rng.random() < 0.05:
+                # another file, or spot
                 text = rng.choice(self.texts)
                 cursor = rng.randint(500, max(501, len(text) - 1000))
-                start = max(0, cursor - 1500)  # the window the plugin sends: its prefix stays warm while typing
+                # the window the plugin sends: its prefix stays warm while typing
+                start = max(0, cursor - 1500)
             body = self.editor_body(rng, text, start, cursor)
-            await self.counted(http, "/v1/completions", body, {"X-Session-Id": f"dev-{k}", "X-Deadline-Ms": "3000"},
-                               rng)
+            await self.counted(http, "/v1/completions", body,
+                               {"X-Session-Id": f"dev-{k}", "X-Deadline-Ms": "3000"}, rng)
             await asyncio.sleep(rng.uniform(0.2, 2.0) * self.a.think)
 
     async def agent(self, k: int, end: float, http: httpx.AsyncClient) -> None:
@@ -326,21 +376,25 @@ class Traffic:
                 messages = [{"role": "system", "content": "You are a coding agent."},
                             {"role": "user", "content": f"Fix the bug in this file:\n{context}"}]
                 body = {"messages": messages, "max_tokens": 64, "stream": True, "temperature": 0.7}
-                await self.counted(http, "/v1/chat/completions", body, {"X-Session-Id": f"agent-{k}"}, rng)
+                await self.counted(http, "/v1/chat/completions", body,
+                                   {"X-Session-Id": f"agent-{k}"}, rng)
                 context += "\n# tool output\n" + rng.choice(self.texts)[:rng.randint(200, 800)]
                 await asyncio.sleep(rng.uniform(1.0, 4.0) * self.a.think)
 
 
 class Flood:
-    """Requests nobody waits for, --flood-rate a second for --flood-seconds, from --flood-sessions session ids (the
-    same ids in every flood: what they fill of bounded tables the first flood fills, so a later one adds only what
-    a flood leaves behind): every other one past its deadline before it starts (`X-Deadline-Ms: 1`: the answer
-    is silence), the others from clients that hang up as soon as the request is sent."""
+    """Requests nobody waits for, --flood-rate a second for --flood-seconds, from --flood-sessions
+    session ids (the same ids in every flood: what they fill of bounded tables the first flood
+    fills, so a later one adds only what a flood leaves behind): every other one past its deadline
+    before it starts (`X-Deadline-Ms: 1`: the answer is silence), the others from clients that hang
+    up as soon as the request is sent."""
 
     def __init__(self, traffic: Traffic, a):
         self.traffic, self.a = traffic, a
-        self.counts = {"sent": 0, "silence": 0, "ok": 0, "hung_up": 0, "disconnected": 0, "cut_by_kill": 0,
-                       "errors": 0}
+        self.counts = {
+            "sent": 0, "silence": 0, "ok": 0, "hung_up": 0, "disconnected": 0, "cut_by_kill": 0,
+            "errors": 0
+        }
         self.rng = random.Random(a.seed * 1000 + 900)
 
     async def run(self) -> None:
@@ -367,10 +421,13 @@ class Flood:
             self.counts[await self.hang_up(body, session)] += 1
 
     async def hang_up(self, body: dict, session: str) -> str:
-        """The request, whole, on a connection closed right after it: the client gone before any answer."""
+        """The request, whole, on a connection closed right after it: the client gone before any
+        answer."""
         data = json.dumps(body).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\nX-Session-Id: {session}\r\n\r\n").encode()
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+            "application/json\r\n"
+            f"Content-Length: {len(data)}\r\nX-Session-Id: {session}\r\n\r\n").encode()
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", self.a.base_port + 10)
             writer.write(head + data)
@@ -383,7 +440,8 @@ class Flood:
 
 
 def check_bodies(texts: list[str]) -> list[dict]:
-    """Fixed greedy prompts, real files cut at a line's end: the answers compared with a fresh server's."""
+    """Fixed greedy prompts, real files cut at a line's end: the answers compared with a fresh
+    server's."""
     bodies = []
     for j in range(CHECK_PROMPTS):
         text = texts[(j * 17) % len(texts)]
@@ -392,12 +450,15 @@ def check_bodies(texts: list[str]) -> list[dict]:
     return bodies
 
 
-async def answers(http: httpx.AsyncClient, url: str, bodies: list[dict], max_tokens: int, seed: int = 0) -> list[dict]:
-    """Each body's answer (text, tokens, prompt tokens cached and read from a tier), one session each, all at once.
-    Another `seed` (no matter to a greedy answer) is another body: the router's response cache does not answer it."""
+async def answers(http: httpx.AsyncClient, url: str, bodies: list[dict], max_tokens: int,
+                  seed: int = 0) -> list[dict]:
+    """Each body's answer (text, tokens, prompt tokens cached and read from a tier), one session
+    each, all at once. Another `seed` (no matter to a greedy answer) is another body: the router's
+    response cache does not answer it."""
     async def one(j: int, body: dict) -> dict:
-        r = await http.post(f"{url}/v1/completions", json={**body, "max_tokens": max_tokens, "seed": seed},
-                            headers={"X-Session-Id": f"check-{j}"})
+        r = await http.post(f"{url}/v1/completions",
+                            json={**body, "max_tokens": max_tokens,
+                                  "seed": seed}, headers={"X-Session-Id": f"check-{j}"})
         if r.status_code != 200:
             return {"error": f"HTTP {r.status_code}: {r.text[:300]}"}
         choice, usage = r.json()["choices"][0], r.json()["usage"]
@@ -409,7 +470,8 @@ async def answers(http: httpx.AsyncClient, url: str, bodies: list[dict], max_tok
 
 
 async def fresh_answers(a, bodies: list[dict]) -> list[dict]:
-    """The check prompts' answers from a fresh `warmpath serve` (no tier), started once the fleet is gone."""
+    """The check prompts' answers from a fresh `warmpath serve` (no tier), started once the fleet is
+    gone."""
     proc = start(["serve", *node_args(a, a.base_port + 20)], Path(a.logs) / "fresh.log")
     url = f"http://127.0.0.1:{a.base_port + 20}"
     try:
@@ -433,9 +495,11 @@ def schedule(a) -> list[Event]:
     return sorted(events, key=lambda e: e.at)
 
 
-async def operate(fleet: Fleet, flood: Flood, a, t0: float, http: httpx.AsyncClient, checks: list[dict]) -> list[dict]:
-    """The operator's events in order, each when its time comes (or once the one before is done). Before node 1
-    goes down, the check prompts are sent again: those it holds are in its tier (or being written) when it dies."""
+async def operate(fleet: Fleet, flood: Flood, a, t0: float, http: httpx.AsyncClient,
+                  checks: list[dict]) -> list[dict]:
+    """The operator's events in order, each when its time comes (or once the one before is done).
+    Before node 1 goes down, the check prompts are sent again: those it holds are in its tier (or
+    being written) when it dies."""
     done = []
     for n, e in enumerate(schedule(a), start=1):
         await asyncio.sleep(max(0.0, t0 + e.at * a.minutes * 60 - time.monotonic()))
@@ -447,16 +511,19 @@ async def operate(fleet: Fleet, flood: Flood, a, t0: float, http: httpx.AsyncCli
             else:
                 await answers(http, fleet.router_url, checks, 4, seed=n)
                 await (fleet.kill(1, http) if e.what == "kill" else fleet.restart(1, http))
-        except RuntimeError as error:  # node 1 did not come back: the verdict fails, the run's samples are kept
+        except RuntimeError as error:
+            # node 1 did not come back: the verdict fails, the run's samples are kept
             done[-1]["failed"] = str(error)
             return done
         done[-1]["took_s"] = round(time.monotonic() - began, 1)
     return done
 
 
-async def settle(fleet: Fleet, http: httpx.AsyncClient, t0: float, limit_s: float, samples: list[dict]) -> float | None:
-    """With the traffic stopped: until nothing is in flight, running, waiting or held for 3 samples in a row (the
-    warm-ups of prompts left unfinished compute on until then), bounded; how long that took (None: never)."""
+async def settle(fleet: Fleet, http: httpx.AsyncClient, t0: float, limit_s: float,
+                 samples: list[dict]) -> float | None:
+    """With the traffic stopped: until nothing is in flight, running, waiting or held for 3 samples
+    in a row (the warm-ups of prompts left unfinished compute on until then), bounded; how long that
+    took (None: never)."""
     began, idle = time.monotonic(), 0
     while time.monotonic() < began + limit_s:
         samples.append(last := await sample(fleet, http, t0))
@@ -478,7 +545,8 @@ async def soak(a) -> dict:
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=5),
                                      limits=httpx.Limits(max_connections=200)) as http:
-            await answers(http, fleet.router_url, checks, 4)  # their prefixes cached (and kept in the tiers)
+            # their prefixes cached (and kept in the tiers)
+            await answers(http, fleet.router_url, checks, 4)
             t0 = time.monotonic()
             end = t0 + a.minutes * 60
             traffic = Traffic(fleet, a, texts)
@@ -493,16 +561,21 @@ async def soak(a) -> dict:
             events = await operator
             drained = await settle(fleet, http, t0, a.settle_seconds, samples)
             after = await answers(http, fleet.router_url, checks, a.check_tokens)
-            again = await answers(http, fleet.router_url, checks, a.check_tokens, seed=1)  # their prefixes cached now
-            await settle(fleet, http, t0, 60, samples)  # its last sample is the end: KV blocks held must be 0
+            # their prefixes cached now
+            again = await answers(http, fleet.router_url, checks, a.check_tokens, seed=1)
+            # its last sample is the end: KV blocks held must be 0
+            await settle(fleet, http, t0, 60, samples)
     finally:
         fleet.close()
     fresh = await fresh_answers(a, checks)
-    return {"samples": samples, "counts": traffic.counts, "flood": flood.counts, "events": events,
-            "error_samples": traffic.error_samples, "restarts": fleet.restarts,
-            "kills": [{"node": k.node, "t": round(k.at - t0, 1), "in_flight": k.in_flight, "cut_writes": k.cut_writes}
-                      for k in fleet.kills],
-            "answers": {"router": after, "router_again": again, "fresh": fresh}, "drained_s": drained}
+    return {
+        "samples": samples, "counts": traffic.counts, "flood": flood.counts, "events": events,
+        "error_samples": traffic.error_samples, "restarts": fleet.restarts, "kills": [{
+            "node": k.node, "t": round(k.at - t0, 1), "in_flight": k.in_flight,
+            "cut_writes": k.cut_writes
+        } for k in fleet.kills],
+        "answers": {"router": after, "router_again": again, "fresh": fresh}, "drained_s": drained
+    }
 
 
 def shares(text: str) -> list[float]:
@@ -514,24 +587,34 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--editors", type=int, default=4)
     p.add_argument("--agents", type=int, default=1)
-    p.add_argument("--think", type=float, default=1.0, help="scales every client's pause between requests")
-    p.add_argument("--disconnect-share", type=float, default=0.2, help="requests the client abandons")
-    p.add_argument("--kill-at", type=shares, default=[0.25, 0.45], help="shares of the run at which node 1 is "
-                   "killed (SIGKILL) and started again, comma-separated")
-    p.add_argument("--restart-at", type=float, default=0.55, help="share of the run at which node 1 is drained "
-                   "and restarted; negative: never")
-    p.add_argument("--flood-at", type=shares, default=[0.15, 0.75], help="shares of the run at which a flood "
+    p.add_argument("--think", type=float, default=1.0,
+                   help="scales every client's pause between requests")
+    p.add_argument("--disconnect-share", type=float, default=0.2,
+                   help="requests the client abandons")
+    p.add_argument(
+        "--kill-at", type=shares, default=[0.25, 0.45], help="shares of the run at which node 1 is "
+        "killed (SIGKILL) and started again, comma-separated")
+    p.add_argument(
+        "--restart-at", type=float, default=0.55,
+        help="share of the run at which node 1 is drained "
+        "and restarted; negative: never")
+    p.add_argument("--flood-at", type=shares, default=[0.15, 0.75],
+                   help="shares of the run at which a flood "
                    "starts, comma-separated")
     p.add_argument("--flood-seconds", type=float, default=120.0)
-    p.add_argument("--flood-rate", type=float, default=20.0, help="requests a second during a flood")
-    p.add_argument("--flood-sessions", type=int, default=1000, help="session ids a flood's requests come from")
+    p.add_argument("--flood-rate", type=float, default=20.0,
+                   help="requests a second during a flood")
+    p.add_argument("--flood-sessions", type=int, default=1000,
+                   help="session ids a flood's requests come from")
     p.add_argument("--sample-every", type=float, default=5.0)
-    p.add_argument("--settle-seconds", type=float, default=900.0, help="the most to wait, with the traffic "
-                   "stopped, for the nodes to finish what they hold (the floods' warm-ups)")
+    p.add_argument(
+        "--settle-seconds", type=float, default=900.0, help="the most to wait, with the traffic "
+        "stopped, for the nodes to finish what they hold (the floods' warm-ups)")
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
     p.add_argument("--threads", type=int, default=1, help="per node")
     p.add_argument("--node-blocks", type=int, default=1024)
-    p.add_argument("--kv-offload-bytes", default="256MiB", help="each node's tier bound (the LRU must run)")
+    p.add_argument("--kv-offload-bytes", default="256MiB",
+                   help="each node's tier bound (the LRU must run)")
     p.add_argument("--check-tokens", type=int, default=32, help="tokens of each answer compared")
     p.add_argument("--base-port", type=int, default=18300)
     p.add_argument("--seed", type=int, default=0)
@@ -540,9 +623,9 @@ def main() -> None:
     p.add_argument("--plot", default="benchmarks/results/soak.png")
     a = p.parse_args()
     result = asyncio.run(soak(a))
-    result.update(minutes=a.minutes, editors=a.editors, agents=a.agents, model=a.model, machine=machine(),
-                  disconnect_share=a.disconnect_share, kv_offload_bytes=parse_bytes(a.kv_offload_bytes),
-                  kills_asked=len(a.kill_at))
+    result.update(minutes=a.minutes, editors=a.editors, agents=a.agents, model=a.model,
+                  machine=machine(), disconnect_share=a.disconnect_share,
+                  kv_offload_bytes=parse_bytes(a.kv_offload_bytes), kills_asked=len(a.kill_at))
     result["summary"] = summarize(result)
     result["verdict"] = verdict(result)
     write_json(a.out, result)

@@ -2,8 +2,9 @@
 
     python benchmarks/warm_ttft.py [--dtype auto] [--repeats 3]
 
-Cold: a fresh window of real code (nothing cached). Warm: the same window again plus 20 new tokens, as an
-editor sends after a developer types a few characters. Medians of --repeats distinct windows per size.
+Cold: a fresh window of real code (nothing cached). Warm: the same window again plus 20 new tokens,
+as an editor sends after a developer types a few characters. Medians of --repeats distinct windows
+per size.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ NEW_TOKENS = 20
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default="benchmarks/results/warm_ttft.json")
@@ -39,16 +41,23 @@ def main() -> None:
             cold.append(c.metrics.ttft)
             warm.append(w.metrics.ttft)
             cached.append(w.num_cached_tokens)
-        row = {"context": n, "cold_ttft_s": statistics.median(cold), "warm_ttft_s": statistics.median(warm),
-               "warm_cached_tokens": min(cached)}
+        row = {
+            "context": n, "cold_ttft_s": statistics.median(cold),
+            "warm_ttft_s": statistics.median(warm), "warm_cached_tokens": min(cached)
+        }
         row["speedup"] = row["cold_ttft_s"] / row["warm_ttft_s"]
         rows.append(row)
-    print(f"machine: {machine()}; dtype {str(llm.dtype).removeprefix('torch.')}; medians of {args.repeats}\n")
+    print(
+        f"machine: {machine()}; dtype {str(llm.dtype).removeprefix('torch.')}; medians of "
+        f"{args.repeats}\n"
+    )
     print("| context | cold TTFT | warm TTFT (+20 tokens) | cached tokens | cold / warm |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['context']} | {r['cold_ttft_s'] * 1000:.0f} ms | {r['warm_ttft_s'] * 1000:.1f} ms | "
-              f"{r['warm_cached_tokens']} | {r['speedup']:.0f}x |")
+        print(
+            f"| {r['context']} | {r['cold_ttft_s'] * 1000:.0f} ms | {r['warm_ttft_s'] * 1000:.1f} "
+            "ms | "
+            f"{r['warm_cached_tokens']} | {r['speedup']:.0f}x |")
     write_json(args.json, {"machine": machine(), "dtype": str(llm.dtype), "rows": rows})
 
 

@@ -1,6 +1,7 @@
-"""Bad and hostile requests that every server, and the router in front of it, must answer in the OpenAI error
-shape (the server's and the router's tests send the same ones), and a raw-socket client for the bytes an HTTP
-library would not send: header bytes as given, a chunked body that stops at the answer, a connection held open."""
+"""Bad and hostile requests that every server, and the router in front of it, must answer in the
+OpenAI error shape (the server's and the router's tests send the same ones), and a raw-socket client
+for the bytes an HTTP library would not send: header bytes as given, a chunked body that stops at
+the answer, a connection held open."""
 
 import http.client
 import json
@@ -9,7 +10,8 @@ import socket
 
 import httpx
 
-BAD = [  # (body, status): /v1/completions bodies a node refuses, and the router in front of it alike
+# (body, status): /v1/completions bodies a node refuses, and the router in front of it alike
+BAD = [
     (b"{not json", 400), (b"[1, 2]", 400), (b'"a string"', 400),
     (json.dumps({"prompt": ""}).encode(), 400),
     (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400),
@@ -28,7 +30,8 @@ BAD = [  # (body, status): /v1/completions bodies a node refuses, and the router
 ]
 
 
-LONE = "def f():\n    return '\ud800'\n"  # a lone UTF-16 surrogate, which JSON can carry and no tokenizer can encode
+# a lone UTF-16 surrogate, which JSON can carry and no tokenizer can encode
+LONE = "def f():\n    return '\ud800'\n"
 
 
 def is_openai_error(r: httpx.Response, status: int) -> dict:
@@ -38,7 +41,8 @@ def is_openai_error(r: httpx.Response, status: int) -> dict:
     return err
 
 
-MALFORMED = [  # (method, path, body): answered by the framework before any route, in the OpenAI shape too
+# (method, path, body): answered by the framework before any route, in the OpenAI shape too
+MALFORMED = [
     ("GET", "/v1/nothing-here", None, 404), ("DELETE", "/v1/completions", None, 405),
     ("POST", "/v1/completions", b"[" * 50_000 + b"]" * 50_000, 400),
     ("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400),
@@ -51,7 +55,8 @@ def connect(url: str, timeout: float = 30) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=timeout)
 
 
-def raw_request(url: str, method: bytes, path: bytes, body: bytes, headers: list[bytes]) -> tuple[int, bytes]:
+def raw_request(url: str, method: bytes, path: bytes, body: bytes,
+                headers: list[bytes]) -> tuple[int, bytes]:
     """One request with header bytes exactly as given (httpx would refuse to send some of them)."""
     with connect(url) as s:
         head = [method + b" " + path + b" HTTP/1.1", b"Host: x", b"Content-Type: application/json",
@@ -63,8 +68,8 @@ def raw_request(url: str, method: bytes, path: bytes, body: bytes, headers: list
 
 
 def chunked_upload(url: str, limit: int, headers: dict[str, str]) -> tuple[int, bytes, int]:
-    """A chunked body of up to 4 x `limit` bytes sent 64 KB at a time, stopping as soon as an answer comes:
-    (status, body, bytes sent by then)."""
+    """A chunked body of up to 4 x `limit` bytes sent 64 KB at a time, stopping as soon as an answer
+    comes: (status, body, bytes sent by then)."""
     with connect(url) as s:
         head = [b"POST /v1/completions HTTP/1.1", b"Host: x", b"Content-Type: application/json",
                 b"Transfer-Encoding: chunked", *(f"{k}: {v}".encode() for k, v in headers.items())]
@@ -87,7 +92,8 @@ def chunked_upload(url: str, limit: int, headers: dict[str, str]) -> tuple[int, 
 
 
 def closed_or_answered(s: socket.socket, within: float) -> bytes | None:
-    """What the server sends before closing (b"" for a bare close), or None if it still holds the connection."""
+    """What the server sends before closing (b"" for a bare close), or None if it still holds the
+    connection."""
     s.settimeout(within)
     data = b""
     try:

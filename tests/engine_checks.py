@@ -11,7 +11,8 @@ from warmpath.engine.proposers import StepTimes
 
 
 def check_pool_invariants(engine: Engine) -> None:
-    """Reference counts equal holders; no block is both free and held; cache map consistent; idle -> all free."""
+    """Reference counts equal holders; no block is both free and held; cache map consistent; idle ->
+    all free."""
     pool, sched = engine.pool, engine.scheduler
     holders = Counter(b for r in sched.running_requests() for b in r.block_ids)
     for r in sched.waiting_requests():
@@ -19,7 +20,8 @@ def check_pool_invariants(engine: Engine) -> None:
     free = set(pool.free_queue)
     assert len(free) == len(pool.free_queue)
     for b in range(pool.num_blocks):
-        assert pool.ref_counts[b] == holders[b], f"block {b}: ref {pool.ref_counts[b]} != holders {holders[b]}"
+        assert pool.ref_counts[b] == holders[
+            b], f"block {b}: ref {pool.ref_counts[b]} != holders {holders[b]}"
         assert (b in free) == (holders[b] == 0), f"block {b} free={b in free} held by {holders[b]}"
     for h, b in pool.cached.items():
         assert pool.block_meta[b] is not None and pool.block_meta[b].block_hash == h
@@ -53,8 +55,8 @@ class FakeClock:
 
 
 class FlatStepTimes(StepTimes):
-    """Every decode step costs the same whatever its rows: verifying guesses always pays (the decision is tested
-    apart; exactness where this is used)."""
+    """Every decode step costs the same whatever its rows: verifying guesses always pays (the
+    decision is tested apart; exactness where this is used)."""
 
     def record(self, rows: int, seconds: float) -> None:
         pass

@@ -1,8 +1,9 @@
-"""A small K-quant quantizer for test fixtures (the `gguf` package dequantizes Q2_K..Q6_K but cannot quantize
-them). Simple, not llama.cpp's search for the best scales: min/max per sub-block, 6- or 4-bit scales rounded to
-the nearest. Each quantize_* returns (GGUF bytes, the values those bytes stand for), the values computed here
-from the chosen integers on their own, so tests can check them against `gguf.quants.dequantize` (an independent
-reader of the same bytes) and the loader against both.
+"""A small K-quant quantizer for test fixtures (the `gguf` package dequantizes Q2_K..Q6_K but cannot
+quantize them). Simple, not llama.cpp's search for the best scales: min/max per sub-block, 6- or
+4-bit scales rounded to the nearest. Each quantize_* returns (GGUF bytes, the values those bytes
+stand for), the values computed here from the chosen integers on their own, so tests can check them
+against `gguf.quants.dequantize` (an independent reader of the same bytes) and the loader against
+both.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _two_bit_fields(q: np.ndarray) -> np.ndarray:
-    """[n, 256] values of 2 bits -> [n, 64] bytes: value h*128 + s*32 + l in bits 2s of byte h*32 + l."""
+    """[n, 256] values of 2 bits -> [n, 64] bytes: value h*128 + s*32 + l in bits 2s of byte h*32 +
+    l."""
     q = q.reshape(-1, 2, 4, 32).astype(np.uint8)
     return sum(q[:, :, s, :] << (2 * s) for s in range(4)).astype(np.uint8).reshape(-1, 64)
 
@@ -36,7 +38,8 @@ def _bitplane(bits: np.ndarray) -> np.ndarray:
 
 
 def _asym(x: np.ndarray, sub: int, levels: int, scale_bits: int):
-    """Sub-blocks of `sub` values as d * sc * q - dmin * m, q in 0..levels-1, sc and m of scale_bits bits."""
+    """Sub-blocks of `sub` values as d * sc * q - dmin * m, q in 0..levels-1, sc and m of scale_bits
+    bits."""
     n = x.shape[0]
     xs = x.reshape(n, -1, sub)
     lo = np.minimum(xs.min(axis=2), 0)
@@ -51,7 +54,8 @@ def _asym(x: np.ndarray, sub: int, levels: int, scale_bits: int):
     off = (dminf * m.astype(np.float32))[:, :, None]
     q = np.clip(_round(_safe_div(xs + off, scale)), 0, levels - 1)
     values = (scale * q.astype(np.float32) - off).reshape(n, QK)
-    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8).reshape(n, QK), values
+    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8).reshape(n,
+                                                                                        QK), values
 
 
 def _pack_scale_min_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -76,7 +80,9 @@ def quantize_q4_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d, dmin, sc, m, q, values = _asym(x, 32, 16, 6)
     q = q.reshape(-1, 4, 2, 32)
     qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128)
-    raw = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), _pack_scale_min_k4(sc, m), qs], axis=1)
+    raw = np.concatenate(
+        [d.view(np.uint8), dmin.view(np.uint8),
+         _pack_scale_min_k4(sc, m), qs], axis=1)
     return raw, values.reshape(-1)
 
 
@@ -86,19 +92,24 @@ def quantize_q5_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     low = (q & 0x0F).reshape(-1, 4, 2, 32)
     qs = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(-1, 128)
     qh = _bitplane((q >> 4).reshape(-1, 8, 32))
-    raw = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), _pack_scale_min_k4(sc, m), qh, qs], axis=1)
+    raw = np.concatenate(
+        [d.view(np.uint8), dmin.view(np.uint8),
+         _pack_scale_min_k4(sc, m), qh, qs], axis=1)
     return raw, values.reshape(-1)
 
 
 def quantize_q2_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = _blocks(x)
     d, dmin, sc, m, q, values = _asym(x, 16, 4, 4)
-    raw = np.concatenate([sc | (m << 4), _two_bit_fields(q), d.view(np.uint8), dmin.view(np.uint8)], axis=1)
+    raw = np.concatenate(
+        [sc | (m << 4), _two_bit_fields(q),
+         d.view(np.uint8), dmin.view(np.uint8)], axis=1)
     return raw, values.reshape(-1)
 
 
 def _sym(x: np.ndarray, sub: int, qmin: int, qmax: int, smax: int):
-    """Sub-blocks of `sub` values as d * s * q, q in qmin..qmax, |s| <= smax; the largest magnitude -> qmin."""
+    """Sub-blocks of `sub` values as d * s * q, q in qmin..qmax, |s| <= smax; the largest magnitude
+    -> qmin."""
     n = x.shape[0]
     xs = x.reshape(n, -1, sub)
     at = np.take_along_axis(xs, np.abs(xs).argmax(axis=2)[..., None], axis=2)[..., 0]
@@ -138,5 +149,7 @@ def quantize_q3_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return raw, values.reshape(-1)
 
 
-QUANTIZERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
-              "Q6_K": quantize_q6_k}
+QUANTIZERS = {
+    "Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
+    "Q6_K": quantize_q6_k
+}

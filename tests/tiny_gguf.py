@@ -1,6 +1,7 @@
-"""Tiny random `llama` / `qwen2` GGUF files with any GGUF tensor type per matrix, written the way llama.cpp's
-converter writes them (llama: permuted Q/K rows; qwen2: q/k/v biases, an untied output.weight), and vocabularies
-with a code model's FIM special tokens. Rows are 256 values wide so that every K-quant fits.
+"""Tiny random `llama` / `qwen2` GGUF files with any GGUF tensor type per matrix, written the way
+llama.cpp's converter writes them (llama: permuted Q/K rows; qwen2: q/k/v biases, an untied
+output.weight), and vocabularies with a code model's FIM special tokens. Rows are 256 values wide so
+that every K-quant fits.
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ from kquants import QUANTIZERS
 from tiny_model import CHAT_TEMPLATE, MERGES, SPECIAL, permute_for_gguf, tiny_config, tiny_weights
 from tokenizers import pre_tokenizers
 
-EVERY_TYPE = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+EVERY_TYPE = (Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
+              Q.Q6_K)
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-QWEN_FIM = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
-STARCODER_FIM = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<repo_name>", "<file_sep>"]
-_HF = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-       "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-       "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+QWEN_FIM = [
+    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+    "<|file_sep|>"
+]
+STARCODER_FIM = [
+    "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<repo_name>", "<file_sep>"
+]
+_HF = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj"
+}
 
 TypeRule = Callable[[str, int], Q]  # (GGUF tensor kind, layer index or -1) -> its type
 
@@ -41,8 +51,8 @@ def uniform(qtype: Q) -> TypeRule:
 
 
 def q4_k_m(num_layers: int) -> TypeRule:
-    """llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for attn_v / ffn_down in the layers that get more bits (the first
-    and last eighth, every third between) and for the head."""
+    """llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for attn_v / ffn_down in the layers that get more
+    bits (the first and last eighth, every third between) and for the head."""
     def more_bits(i: int) -> bool:
         return i < num_layers // 8 or i >= 7 * num_layers // 8 or (i - num_layers // 8) % 3 == 2
 
@@ -86,22 +96,26 @@ def _encode(arr: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray]:
     return raw, np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(arr.shape)
 
 
-def write_gguf(path: Path, arch: str = "llama", types: TypeRule = every_type, vocab: Vocab | None = None,
-               seed: int = 0, num_layers: int = 2, edit: Callable[[dict[str, torch.Tensor], list[str]], None] | None
-               = None, **overrides) -> tuple[Path, dict[str, torch.Tensor], dict]:
-    """Write the file; returns it, the HF-named weights it decodes to (gguf's reference dequantization, Q/K
-    rows un-permuted) and the HF config. edit(weights, tokens) may change the HF-layout weights first."""
+def write_gguf(path: Path, arch: str = "llama", types: TypeRule = every_type,
+               vocab: Vocab | None = None, seed: int = 0, num_layers: int = 2,
+               edit: Callable[[dict[str, torch.Tensor], list[str]], None] | None = None,
+               **overrides) -> tuple[Path, dict[str, torch.Tensor], dict]:
+    """Write the file; returns it, the HF-named weights it decodes to (gguf's reference
+    dequantization, Q/K rows un-permuted) and the HF config. edit(weights, tokens) may change the
+    HF-layout weights first."""
     vocab = vocab or Vocab()
     tokens, special = vocab.tokens()
     hf_arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
-    cfg = tiny_config(arch, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=64, num_hidden_layers=num_layers, tie_word_embeddings=arch == "llama",
-                      vocab_size=len(tokens) + 3, rope_theta=1e6 if arch == "qwen2" else 10000.0,
+    cfg = tiny_config(arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, num_hidden_layers=num_layers,
+                      tie_word_embeddings=arch == "llama", vocab_size=len(tokens) + 3,
+                      rope_theta=1e6 if arch == "qwen2" else 10000.0,
                       rms_norm_eps=1e-6 if arch == "qwen2" else 1e-5, max_position_embeddings=1024,
                       architectures=[hf_arch], **overrides)
     tokens += [f"<unused{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
     hf = tiny_weights(cfg, seed)
-    for name in hf:  # 256-wide rows: smaller q/k keep attention from saturating (logits far from chaos)
+    for name in hf:
+        # 256-wide rows: smaller q/k keep attention from saturating (logits far from chaos)
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             hf[name] = hf[name] * 0.25
     if edit is not None:
@@ -145,7 +159,8 @@ def write_gguf(path: Path, arch: str = "llama", types: TypeRule = every_type, vo
         qtype = types(kind, layer) if matrix else Q.F32
         arr = stored.numpy().astype(np.float32)
         if qtype == Q.BF16:
-            raw = (torch.from_numpy(arr).to(torch.bfloat16).view(torch.int16).numpy()).view(np.uint8)
+            raw = (torch.from_numpy(arr).to(torch.bfloat16).view(torch.int16).numpy()).view(
+                np.uint8)
             raw = raw.reshape(arr.shape[0], -1)
             deq = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(arr.shape)
         else:
@@ -166,4 +181,5 @@ def write_gguf(path: Path, arch: str = "llama", types: TypeRule = every_type, vo
 def permute_back(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """The inverse of permute_for_gguf (written here on its own, not the loader's)."""
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1,
+                                                                               2).reshape(w.shape)

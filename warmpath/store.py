@@ -1,13 +1,16 @@
-"""What warmpath keeps on disk ($WARMPATH_HOME: models, plans, packed weights, the kernel; the KV tier) is a team's
-code or decides the numbers a server computes, so it is private to the user who runs warmpath and written whole
-or not at all:
+"""What warmpath keeps on disk ($WARMPATH_HOME: models, plans, packed weights, the kernel; the KV
+tier) is a team's code or decides the numbers a server computes, so it is private to the user who
+runs warmpath and written whole or not at all:
 
-- directories 0700, files 0600 (the kernel 0700); a directory owned by another user, or writable by group or
-  others, is refused (anyone who can write there could plant a plan, a kernel or K/V that we would trust);
-- a file is written to a temporary name of its own (mkstemp: O_EXCL, never a link someone planted), fsynced,
-  renamed over its name and the directory fsynced: after a crash or a power cut it is the old file or the new one.
+- directories 0700, files 0600 (the kernel 0700); a directory owned by another user, or writable by
+  group or others, is refused (anyone who can write there could plant a plan, a kernel or K/V that
+  we would trust);
+- a file is written to a temporary name of its own (mkstemp: O_EXCL, never a link someone planted),
+  fsynced, renamed over its name and the directory fsynced: after a crash or a power cut it is the
+  old file or the new one.
 
-Readers still treat what they find as untrusted: a file that does not parse or check is a cache miss, rebuilt.
+Readers still treat what they find as untrusted: a file that does not parse or check is a cache
+miss, rebuilt.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ FILE_MODE = 0o600
 
 
 class UnsafeDirectory(RuntimeError):
-    """A directory warmpath would keep state in that others could write (or that another user owns)."""
+    """A directory warmpath would keep state in that others could write (or that another user
+    owns)."""
 
 
 def private_dir(path: Path) -> Path:
-    """`path`, created 0700 with any missing parents, and checked: owned by this user and writable by no one
-    else. A directory this user owns that others may read (an older warmpath's 0755) is made 0700."""
+    """`path`, created 0700 with any missing parents, and checked: owned by this user and writable
+    by no one else. A directory this user owns that others may read (an older warmpath's 0755) is
+    made 0700."""
     path = Path(path).expanduser()
     missing = []
     at = path
@@ -46,11 +51,13 @@ def private_dir(path: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeDirectory(f"{path} is not a directory")
     if st.st_uid != os.geteuid():
-        raise UnsafeDirectory(f"{path} belongs to user id {st.st_uid}, not to this user ({os.geteuid()}): warmpath "
-                              f"keeps code and caches it trusts there; use a directory of your own")
+        raise UnsafeDirectory(
+            f"{path} belongs to user id {st.st_uid}, not to this user ({os.geteuid()}): warmpath "
+            f"keeps code and caches it trusts there; use a directory of your own")
     if st.st_mode & 0o022:
-        raise UnsafeDirectory(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): anyone "
-                              f"could plant a file warmpath trusts; run `chmod 700 {path}` or use another directory")
+        raise UnsafeDirectory(
+            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): anyone "
+            f"could plant a file warmpath trusts; run `chmod 700 {path}` or use another directory")
     if st.st_mode & 0o077:
         os.chmod(path, DIR_MODE)
     return path
@@ -58,9 +65,10 @@ def private_dir(path: Path) -> Path:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: int = FILE_MODE, durable: bool = True) -> Iterator[BinaryIO]:
-    """A file to write `path`'s new content into: renamed over `path` when the block ends without an error (else
-    removed). `durable`: fsynced first, and the directory after, so a power cut leaves the old or the new file;
-    without it a crash may leave the new name empty, for files whose reader checks them (the KV tier)."""
+    """A file to write `path`'s new content into: renamed over `path` when the block ends without an
+    error (else removed). `durable`: fsynced first, and the directory after, so a power cut leaves
+    the old or the new file; without it a crash may leave the new name empty, for files whose reader
+    checks them (the KV tier)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

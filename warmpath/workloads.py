@@ -1,30 +1,35 @@
-"""Real-code workloads shared by `warmpath bench` and `warmpath simulate`: deterministic for a seed, saved and
-replayed as JSONL traces.
+"""Real-code workloads shared by `warmpath bench` and `warmpath simulate`: deterministic for a seed,
+saved and replayed as JSONL traces.
 
-editor  Developers typing real text into real files (the Python standard library on this machine). A developer
-        picks a file and a spot and types the text that really follows, at a human pace: fast keys inside a word,
-        sometimes a short hesitation between words (long enough for the client's debounce to fire, so the
-        request it sends goes stale at the next key), and a longer pause after each stretch of typing (the
-        request that survives). About 10 such pauses in ~4 minutes, then ~30 minutes away; developers start out
-        of phase. Coming back, a developer usually continues in the same file (a warm prefix, if it survived).
-agent   Coding-agent turns over a long context (4k-7k tokens by default) that grows each turn by tool output
-        (real file text), the rest byte-identical to the previous turn except, sometimes, an edit near the end.
-        When the context is full the agent starts a new task (a cold prefill). Turns are closed-loop: the next
-        one is sent `after` seconds once the previous answer is complete.
+editor  Developers typing real text into real files (the Python standard library on this machine). A
+developer
+        picks a file and a spot and types the text that really follows, at a human pace: fast keys
+        inside a word, sometimes a short hesitation between words (long enough for the client's
+        debounce to fire, so the request it sends goes stale at the next key), and a longer pause
+        after each stretch of typing (the request that survives). About 10 such pauses in ~4
+        minutes, then ~30 minutes away; developers start out of phase. Coming back, a developer
+        usually continues in the same file (a warm prefix, if it survived).
+agent   Coding-agent turns over a long context (4k-7k tokens by default) that grows each turn by
+tool output
+        (real file text), the rest byte-identical to the previous turn except, sometimes, an edit
+        near the end. When the context is full the agent starts a new task (a cold prefill). Turns
+        are closed-loop: the next one is sent `after` seconds once the previous answer is complete.
 mixed   Both, `agent_share` of the sessions being agents.
 
-`rate` compresses only idle time (reading pauses, the ~30 minutes away, the gap between agent tasks): typing
-speed and debounce stay human, so a short run keeps the same request pattern per burst. Reports say the
-factor.
+`rate` compresses only idle time (reading pauses, the ~30 minutes away, the gap between agent
+tasks): typing speed and debounce stay human, so a short run keeps the same request pattern per
+burst. Reports say the factor.
 
-Trace (JSONL): a header line {"type": "trace", ...params}, one {"type": "session", ...} line per session
-(an editor session carries its file's text; an agent session nothing), then events ordered by time:
+Trace (JSONL): a header line {"type": "trace", ...params}, one {"type": "session", ...} line per
+session (an editor session carries its file's text; an agent session nothing), then events ordered
+by time:
   {"type": "key", "t", "session", "cursor", "end"}: after this keystroke the developer's document is
-      text[:cursor] + text[end:], with the cursor between the two; text[cursor:end] is what they have not
-      typed yet (so the real next line is known).
-  {"type": "turn", "t", "session", "keep", "add", "after", "max_tokens", "new_task"}: the agent's prompt is
-      the previous prompt[:keep] + add; `t` is the earliest send time, `after` the think time after the
-      previous turn of that session completes.
+      text[:cursor] + text[end:], with the cursor between the two; text[cursor:end] is what they
+      have not typed yet (so the real next line is known).
+  {"type": "turn", "t", "session", "keep", "add", "after", "max_tokens", "new_task"}: the agent's
+  prompt is
+      the previous prompt[:keep] + add; `t` is the earliest send time, `after` the think time after
+      the previous turn of that session completes.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from functools import cache
 from pathlib import Path
 
 WORKLOADS = ("editor", "agent", "mixed")
-CHARS_PER_TOKEN = 3.9  # the bundled tokenizer's median over standard-library files: sizes agent contexts without it
+# the bundled tokenizer's median over standard-library files: sizes agent contexts without it
+CHARS_PER_TOKEN = 3.9
 
 
 @dataclass
@@ -49,12 +55,14 @@ class EditorParams:
     burst_s: float = 240.0  # a burst lasts ~4 minutes
     quiet_s: float = 1800.0  # then ~30 minutes away
     return_to_file: float = 0.7  # chance the next burst continues in the same file
-    prefix_chars: int = 5000  # sent before the cursor: 5,000-6,250 chars (~1,300-1,600 tokens of code)
+    # sent before the cursor: 5,000-6,250 chars (~1,300-1,600 tokens of code)
+    prefix_chars: int = 5000
     suffix_chars: int = 1000  # sent after the region still to type
     min_prefix_chars: int = 2000  # a spot with real context above it
     key_median_s: float = 0.045  # fast keys inside a word
     hesitate_p: float = 0.2  # chance of a hesitation between words ...
-    hesitate_s: tuple[float, float] = (0.1, 0.6)  # ... of this long (> debounce: a request that goes stale)
+    # ... of this long (> debounce: a request that goes stale)
+    hesitate_s: tuple[float, float] = (0.1, 0.6)
     max_tokens: int = 16
 
 
@@ -101,14 +109,15 @@ class Trace:
 
     @property
     def editor_window(self) -> tuple[int, int]:
-        """(prefix_chars, suffix_chars): how much text around the cursor this trace's editor sends."""
+        """(prefix_chars, suffix_chars): how much text around the cursor this trace's editor
+        sends."""
         p = self.meta.get("editor") or {}
         return (int(p.get("prefix_chars", EditorParams.prefix_chars)),
                 int(p.get("suffix_chars", EditorParams.suffix_chars)))
 
     def agent_turns(self) -> dict[str, list[dict]]:
-        """Each agent session's turn events in order, each with its full `prompt` (the previous turn's
-        prompt[:keep] + add)."""
+        """Each agent session's turn events in order, each with its full `prompt` (the previous
+        turn's prompt[:keep] + add)."""
         turns: dict[str, list[dict]] = {}
         for e in self.events:
             if e["type"] == "turn":
@@ -123,18 +132,20 @@ class Trace:
 
 
 def _plain(params) -> dict:
-    """Parameters as they read back from JSON (tuples become lists), so a loaded trace equals the original."""
+    """Parameters as they read back from JSON (tuples become lists), so a loaded trace equals the
+    original."""
     return json.loads(json.dumps(dataclasses.asdict(params)))
 
 
-# -- real source files ----------------------------------------------------------------------------------------
+# -- real source files -----------------------------------------------------------------------------
 @cache
 def stdlib_files(min_chars: int = 8000) -> tuple[Path, ...]:
     """Pure-Python standard-library modules big enough to type into, in a stable order."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = []
     for p in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
-        if p.parent.name in ("site-packages", "test", "tests", "unittest") or p.name.startswith("test"):
+        if p.parent.name in ("site-packages", "test", "tests",
+                             "unittest") or p.name.startswith("test"):
             continue
         try:
             text = p.read_text(encoding="utf-8")
@@ -154,18 +165,19 @@ def _read(path: Path) -> str:
 
 
 def next_line(text_after_cursor: str) -> str:
-    """The real line the developer types next: the rest of the cursor's line, or the following line if the
-    rest is blank."""
+    """The real line the developer types next: the rest of the cursor's line, or the following line
+    if the rest is blank."""
     rest, _, tail = text_after_cursor.partition("\n")
     if rest.strip():
         return rest
     return tail.partition("\n")[0]
 
 
-# -- editor ---------------------------------------------------------------------------------------------------
-def _type_stretch(rng: random.Random, text: str, cursor: int, t: float, p: EditorParams) -> tuple[list, int, float]:
-    """Keystrokes for one stretch of typing from `cursor` (to the end of the line, or a few words of a long
-    one). A newline and the indentation after it are one key (the editor auto-indents)."""
+# -- editor ----------------------------------------------------------------------------------------
+def _type_stretch(rng: random.Random, text: str, cursor: int, t: float,
+                  p: EditorParams) -> tuple[list, int, float]:
+    """Keystrokes for one stretch of typing from `cursor` (to the end of the line, or a few words of
+    a long one). A newline and the indentation after it are one key (the editor auto-indents)."""
     line_end = text.find("\n", cursor)
     line_end = len(text) if line_end < 0 else line_end + 1
     stop = line_end if line_end - cursor <= 60 else cursor + rng.randint(15, 40)
@@ -209,7 +221,8 @@ def _editor_session(sid: str, rng: random.Random, duration_s: float, rate: float
             keys, cursor, t = _type_stretch(rng, text, cursor, t, p)
             events += [{"type": "key", "t": round(kt, 4), "session": sid, "file": _relative(path),
                         "cursor": c, "end": end} for kt, c in keys]
-            t += max(1.0, rng.expovariate(1 / pause_mean))  # reading, thinking: the request that survives
+            # reading, thinking: the request that survives
+            t += max(1.0, rng.expovariate(1 / pause_mean))
         t += rng.uniform(0.7, 1.3) * p.quiet_s / rate
     # Sessions carry the text of every file they typed into (keys name theirs).
     used = sorted({e["file"] for e in events})
@@ -220,11 +233,15 @@ def editor_trace(developers: int, duration_s: float, seed: int = 0, rate: float 
                  params: EditorParams | None = None) -> Trace:
     p = params or EditorParams()
     files = stdlib_files()
-    trace = Trace(meta={"workload": "editor", "developers": developers, "duration_s": duration_s, "seed": seed,
-                        "rate": rate, "editor": _plain(p)})
+    trace = Trace(
+        meta={
+            "workload": "editor", "developers": developers, "duration_s": duration_s, "seed": seed,
+            "rate": rate, "editor": _plain(p)
+        })
     for d in range(developers):
         sid = f"dev-{d:03d}"
-        session, events = _editor_session(sid, random.Random(f"{seed}/editor/{d}"), duration_s, rate, p, files)
+        session, events = _editor_session(sid, random.Random(f"{seed}/editor/{d}"), duration_s,
+                                          rate, p, files)
         trace.sessions[sid] = session
         trace.events += events
     trace.events.sort(key=lambda e: (e["t"], e["session"]))
@@ -232,10 +249,10 @@ def editor_trace(developers: int, duration_s: float, seed: int = 0, rate: float 
 
 
 def prefix_start(text: str, cursor: int, prefix_chars: int) -> int:
-    """Where the prompt's prefix window starts: a line start that moves in steps of a quarter window, so the
-    window holds prefix_chars to 1.25x that (plus the rest of a line). A window sliding with every keystroke
-    would change the prompt's first tokens each time and no server could reuse a cached prefix; a stable start
-    keeps it warm."""
+    """Where the prompt's prefix window starts: a line start that moves in steps of a quarter
+    window, so the window holds prefix_chars to 1.25x that (plus the rest of a line). A window
+    sliding with every keystroke would change the prompt's first tokens each time and no server
+    could reuse a cached prefix; a stable start keeps it warm."""
     if cursor <= prefix_chars:
         return 0
     step = max(1, prefix_chars // 4)
@@ -245,9 +262,10 @@ def prefix_start(text: str, cursor: int, prefix_chars: int) -> int:
 
 def editor_prompt(trace: Trace, key: dict, prefix_chars: int | None = None,
                   suffix_chars: int | None = None) -> tuple[str, str]:
-    """(prefix before the cursor, suffix after the untyped region) for a key event; the window's sizes
-    default to the trace's (Trace.editor_window). The developer writes the region as new code: in the buffer the
-    cursor's line ends at the cursor, and the code after the region follows on the next line."""
+    """(prefix before the cursor, suffix after the untyped region) for a key event; the window's
+    sizes default to the trace's (Trace.editor_window). The developer writes the region as new code:
+    in the buffer the cursor's line ends at the cursor, and the code after the region follows on the
+    next line."""
     default_prefix, default_suffix = trace.editor_window
     prefix_chars = default_prefix if prefix_chars is None else prefix_chars
     suffix_chars = default_suffix if suffix_chars is None else suffix_chars
@@ -259,13 +277,14 @@ def editor_prompt(trace: Trace, key: dict, prefix_chars: int | None = None,
 
 def editor_document(trace: Trace, key: dict, prefix_chars: int | None = None,
                     suffix_chars: int | None = None) -> tuple[str, str, str]:
-    """(prefix before the cursor, suffix after the untyped region, the real next line) for a key event."""
+    """(prefix before the cursor, suffix after the untyped region, the real next line) for a key
+    event."""
     prefix, suffix = editor_prompt(trace, key, prefix_chars, suffix_chars)
     text = trace.sessions[key["session"]]["files"][key["file"]]
     return prefix, suffix, next_line(text[key["cursor"]:])
 
 
-# -- agent ----------------------------------------------------------------------------------------------------
+# -- agent -----------------------------------------------------------------------------------------
 def _agent_session(sid: str, rng: random.Random, duration_s: float, rate: float, p: AgentParams,
                    files: tuple[Path, ...], count_tokens: Callable[[str], int]) -> list[dict]:
     def file_chunk(n_tokens: int) -> str:
@@ -287,8 +306,9 @@ def _agent_session(sid: str, rng: random.Random, duration_s: float, rate: float,
     while t < duration_s:
         if not prompt or count_tokens(prompt) > p.max_context_tokens:
             task += 1
-            new = fit(f"# Agent task {sid}/{task}: fix the failing test and explain the change.\n"
-                      + "".join(file_chunk(800) for _ in range(p.start_tokens // 800 + 1)), p.start_tokens)
+            new = fit(
+                f"# Agent task {sid}/{task}: fix the failing test and explain the change.\n" +
+                "".join(file_chunk(800) for _ in range(p.start_tokens // 800 + 1)), p.start_tokens)
             if prompt:
                 t += rng.uniform(0.7, 1.3) * p.task_gap_s / rate
             events.append({"type": "turn", "t": round(t, 4), "session": sid, "keep": 0, "add": new,
@@ -308,8 +328,10 @@ def _agent_session(sid: str, rng: random.Random, duration_s: float, rate: float,
         t += after
         budget = p.max_context_tokens + 1000
         nxt = fit(prompt[:keep] + add, budget)
-        events.append({"type": "turn", "t": round(t, 4), "session": sid, "keep": keep, "add": nxt[keep:],
-                       "after": round(after, 4), "max_tokens": p.max_tokens, "new_task": False})
+        events.append({
+            "type": "turn", "t": round(t, 4), "session": sid, "keep": keep, "add": nxt[keep:],
+            "after": round(after, 4), "max_tokens": p.max_tokens, "new_task": False
+        })
         prompt = nxt
     return events
 
@@ -319,8 +341,11 @@ def agent_trace(agents: int, duration_s: float, seed: int = 0, rate: float = 1.0
                 first_index: int = 0) -> Trace:
     p = params or AgentParams()
     count = count_tokens or (lambda s: math.ceil(len(s) / CHARS_PER_TOKEN))
-    trace = Trace(meta={"workload": "agent", "agents": agents, "duration_s": duration_s, "seed": seed,
-                        "rate": rate, "agent": _plain(p)})
+    trace = Trace(
+        meta={
+            "workload": "agent", "agents": agents, "duration_s": duration_s, "seed": seed,
+            "rate": rate, "agent": _plain(p)
+        })
     for a in range(first_index, first_index + agents):
         sid = f"agent-{a:03d}"
         trace.sessions[sid] = {"session": sid, "kind": "agent"}

@@ -1,7 +1,7 @@
-"""Runs llama-cpp-python's OpenAI-compatible server (inside its own venv, see llama_cpp_python.py) with one
-addition for `warmpath bench`: a `/metrics` route counting the prompt tokens it was asked for and those it
-reused from its KV state (its prefix-match and RAM cache), measured where llama.cpp decides them. The server
-itself is unchanged; arguments are llama_cpp.server's own."""
+"""Runs llama-cpp-python's OpenAI-compatible server (inside its own venv, see llama_cpp_python.py)
+with one addition for `warmpath bench`: a `/metrics` route counting the prompt tokens it was asked
+for and those it reused from its KV state (its prefix-match and RAM cache), measured where llama.cpp
+decides them. The server itself is unchanged; arguments are llama_cpp.server's own."""
 
 import threading
 
@@ -15,8 +15,9 @@ _generate = Llama.generate
 
 
 def generate(self, tokens, *args, **kwargs):
-    """Count what Llama.generate will reuse, by its own rule: the longest common prefix with the tokens in
-    its context, less one when the whole prompt matched (it re-evaluates the last token for fresh logits)."""
+    """Count what Llama.generate will reuse, by its own rule: the longest common prefix with the
+    tokens in its context, less one when the whole prompt matched (it re-evaluates the last token
+    for fresh logits)."""
     tokens = list(tokens)
     reuse = 0
     if kwargs.get("reset", True) and self.n_tokens > 0:

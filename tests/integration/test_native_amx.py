@@ -1,8 +1,9 @@
-"""The native kernel on AMX tiles (Sapphire Rapids and later; skipped on CPUs without them): int8-activation
-products of many rows bit for bit those of the register tiles. The bf16 attention (int8 activations over a bf16
-cache; on AMX tiles, or AVX512-BF16 dot products where a CPU has those but no AMX, or AMX is turned off) the same for
-a prompt whatever its chunking, close to the fp32 attention, on the bundled model. A last token computed alone gets
-its chunk's logits on every CPU, with either attention."""
+"""The native kernel on AMX tiles (Sapphire Rapids and later; skipped on CPUs without them):
+int8-activation products of many rows bit for bit those of the register tiles. The bf16 attention
+(int8 activations over a bf16 cache; on AMX tiles, or AVX512-BF16 dot products where a CPU has those
+but no AMX, or AMX is turned off) the same for a prompt whatever its chunking, close to the fp32
+attention, on the bundled model. A last token computed alone gets its chunk's logits on every CPU,
+with either attention."""
 
 import ctypes
 import sys
@@ -41,10 +42,11 @@ def product(lib, q, x: torch.Tensor, amx_on: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows,cols,d", [(104, 96, 16), (104, 96, 37), (960, 576, 100), (576, 1536, 33)])
+@pytest.mark.parametrize("rows,cols,d", [(104, 96, 16), (104, 96, 37), (960, 576, 100),
+                                         (576, 1536, 33)])
 def test_amx_products_equal_the_register_tiles(amx, fmt, rows, cols, d):
-    """104 rows: an odd number of groups (a half-empty last panel); 96 columns: an odd number of blocks; 37, 33 and
-    100 rows of x: a partial tile of rows."""
+    """104 rows: an odd number of groups (a half-empty last panel); 96 columns: an odd number of
+    blocks; 37, 33 and 100 rows of x: a partial tile of rows."""
     q = random_blocks(fmt, rows, cols, seed=rows + d)
     x = torch.randn(d, cols, generator=torch.Generator().manual_seed(d))
     x[1, :32] = 0.0
@@ -58,8 +60,9 @@ def bundled():
     ckpt = load_checkpoint(resolve_model("smollm2"), torch.float32)
     kv = allocate_kv_cache(ckpt.config, 64, 16, torch.bfloat16, "cpu")
     kernel = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, 16, activations="int8")
-    exact = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, allocate_kv_cache(ckpt.config, 64, 16,
-                          torch.float32, "cpu"), 16)  # fp32 products and cache: transformers' logits, to 1e-4
+    exact = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized,
+                          allocate_kv_cache(ckpt.config, 64, 16, torch.float32, "cpu"),
+                          16)  # fp32 products and cache: transformers' logits, to 1e-4
     text = "".join(p.read_text() for p in list(stdlib_files())[:3])
     return kernel, exact, ckpt.tokenizer.encode(text)[:700]
 
@@ -76,8 +79,8 @@ def prefill(kernel: NativeForward, ids: list[int], cuts: tuple[int, ...], attent
 
 @pytest.fixture(params=["AMX tiles", "AVX512-BF16"])
 def bf16_attention(request):
-    """Each bf16 attention this CPU has: AMX tiles where it has them, AVX512-BF16 with AMX turned off (or absent);
-    "fp32" (where a test asks for it): the fp32 attention, on every CPU."""
+    """Each bf16 attention this CPU has: AMX tiles where it has them, AVX512-BF16 with AMX turned
+    off (or absent); "fp32" (where a test asks for it): the fp32 attention, on every CPU."""
     lib = native.load_library()
     if request.param == "fp32":
         yield 0
@@ -91,9 +94,10 @@ def bf16_attention(request):
 
 
 def test_bf16_chunk_attention_is_the_same_whatever_the_chunking(bf16_attention, bundled):
-    """One chunk, or several over what is cached (a tile of queries then holds rows of two chunks' worth of
-    positions, and cuts fall inside blocks of keys): the same K/V and logits, bit for bit; as close to the exact fp32
-    pass as the fp32 attention over the same int8 products is (bf16 queries and weights: no worse than that)."""
+    """One chunk, or several over what is cached (a tile of queries then holds rows of two chunks'
+    worth of positions, and cuts fall inside blocks of keys): the same K/V and logits, bit for bit;
+    as close to the exact fp32 pass as the fp32 attention over the same int8 products is (bf16
+    queries and weights: no worse than that)."""
     kernel, exact, ids = bundled
     assert kernel.model.attention == 1  # int8 activations over a bf16 cache
     whole, cache = prefill(kernel, ids, (700,), 1)
@@ -106,20 +110,23 @@ def test_bf16_chunk_attention_is_the_same_whatever_the_chunking(bf16_attention, 
     exact.kv_cache.zero_()
     ref = exact.forward([ids], [0], [list(range(44))])
     assert (whole - ref).abs().max() < 1.5 * (fp32_attention - ref).abs().max()
-    assert whole.argmax(-1).item() in ref.topk(2).indices[0].tolist()  # the reference's top two are 0.08 apart
+    # the reference's top two are 0.08 apart
+    assert whole.argmax(-1).item() in ref.topk(2).indices[0].tolist()
 
 
 @pytest.mark.parametrize("bf16_attention", ["fp32", "AMX tiles", "AVX512-BF16"], indirect=True)
 def test_a_last_token_alone_gets_the_logits_it_gets_inside_a_chunk(bf16_attention, bundled):
-    """A prompt whose cached prefix leaves one token (or whose last chunk is one token), and a decode row: the same
-    logits as when that token is a chunk's last row. The fp32 attention (native-int8's) and each bf16 one this CPU
-    has (native-int8-bf16attn's)."""
+    """A prompt whose cached prefix leaves one token (or whose last chunk is one token), and a
+    decode row: the same logits as when that token is a chunk's last row. The fp32 attention
+    (native-int8's) and each bf16 one this CPU has (native-int8-bf16attn's)."""
     attention = bf16_attention
     kernel, _, ids = bundled
     whole, cache = prefill(kernel, ids, (700,), attention)
     logits, kv = prefill(kernel, ids, (699, 1), attention)
     assert torch.equal(kv, cache)
     assert torch.equal(logits, whole)
-    prefill(kernel, ids, (699,), attention)  # then the last token as a decode row beside another sequence's chunk
-    both = kernel.forward([ids[699:700], ids[:100]], [699, 0], [list(range(44)), list(range(44, 51))])
+    # then the last token as a decode row beside another sequence's chunk
+    prefill(kernel, ids, (699,), attention)
+    both = kernel.forward([ids[699:700], ids[:100]], [699, 0],
+                          [list(range(44)), list(range(44, 51))])
     assert torch.equal(both[0], whole[0])

@@ -24,10 +24,12 @@ def test_openai_client_against_warmpath_serve(served, smollm2_fp32):
     expected = smollm2_fp32.generate(prompt, SamplingParams(max_tokens=24, temperature=0))[0].text
     r = c.completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=0)
     assert r.choices[0].text == expected
-    stream = c.completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=0, stream=True)
+    stream = c.completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=0,
+                                  stream=True)
     assert "".join(ch.choices[0].text for ch in stream if ch.choices) == expected
-    chat = c.chat.completions.create(model="smollm2", temperature=0, max_tokens=16,
-                                     messages=[{"role": "user", "content": "What does `len` do in Python?"}])
+    chat = c.chat.completions.create(
+        model="smollm2", temperature=0, max_tokens=16,
+        messages=[{"role": "user", "content": "What does `len` do in Python?"}])
     # ChatML with SmolLM2's default system prompt, rendered from the GGUF's own template.
     assert chat.usage.prompt_tokens > 20 and chat.choices[0].message.content.strip()
     assert chat.choices[0].finish_reason in ("stop", "length")
@@ -39,10 +41,9 @@ def test_session_prompt_growth_is_cached(served):
     with httpx.Client(timeout=120) as http:
         for turn in range(3):
             u = http.post(f"{served}/v1/completions", headers={"X-Session-Id": "alice"},
-                          json={"prompt": prompt, "max_tokens": 4, "temperature": 0}).json()["usage"]
+                          json={"prompt": prompt, "max_tokens": 4,
+                                "temperature": 0}).json()["usage"]
             if last is not None:
                 assert u["prompt_tokens_details"]["cached_tokens"] >= last - 16
             last = u["prompt_tokens"]
             prompt += f"\n# turn {turn}: the cursor moved on\n"
-
-

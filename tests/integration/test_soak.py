@@ -1,6 +1,7 @@
-"""The soak (benchmarks/soak.py) for 45 seconds on the bundled model, as `make test` runs it: two nodes with their
-KV tiers behind the router, node 1 killed twice and restarted drained once, two floods of past-deadline and
-hung-up requests; its verdict holds (RSS is not judged over so short a run: the hour run's, docs/benchmarks.md)."""
+"""The soak (benchmarks/soak.py) for 45 seconds on the bundled model, as `make test` runs it: two
+nodes with their KV tiers behind the router, node 1 killed twice and restarted drained once, two
+floods of past-deadline and hung-up requests; its verdict holds (RSS is not judged over so short a
+run: the hour run's, docs/benchmarks.md)."""
 
 import json
 import socket
@@ -13,8 +14,9 @@ import pytest
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 ROOT = Path(__file__).parents[2]
-JUDGED = ("client-visible errors", "streams cut by the kills", "kills and restarts", "KV blocks held at the end",
-          "tier within --kv-offload-bytes", "answers identical to a fresh server's")
+JUDGED = ("client-visible errors", "streams cut by the kills", "kills and restarts",
+          "KV blocks held at the end", "tier within --kv-offload-bytes",
+          "answers identical to a fresh server's")
 
 
 def free_base_port() -> int:
@@ -32,15 +34,21 @@ def free_base_port() -> int:
 
 def test_a_short_soak_keeps_its_verdict(tmp_path):
     out = tmp_path / "soak.json"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--minutes", "0.75", "--model",
-                          "smollm2", "--editors", "2", "--agents", "1", "--flood-seconds", "4",
-                          "--kv-offload-bytes", "16MiB", "--settle-seconds", "60", "--sample-every", "2",
-                          "--base-port", str(free_base_port()), "--logs", str(tmp_path / "logs"), "--out", str(out),
-                          "--plot", str(tmp_path / "soak.png")], capture_output=True, text=True, timeout=600)
+    run = subprocess.run([
+        sys.executable,
+        str(ROOT / "benchmarks" / "soak.py"), "--minutes", "0.75", "--model", "smollm2",
+        "--editors", "2", "--agents", "1", "--flood-seconds", "4", "--kv-offload-bytes", "16MiB",
+        "--settle-seconds", "60", "--sample-every", "2", "--base-port",
+        str(free_base_port()), "--logs",
+        str(tmp_path / "logs"), "--out",
+        str(out), "--plot",
+        str(tmp_path / "soak.png")
+    ], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     result = json.loads(out.read_text())
     for rule in JUDGED:
         assert result["verdict"][rule]["ok"], (rule, result["verdict"][rule])
     assert len(result["kills"]) == 2 and result["restarts"] == 1
     flood = result["flood"]
-    assert flood["silence"] == flood["sent"] - flood["hung_up"] > 0  # past its deadline: silence, never an error
+    # past its deadline: silence, never an error
+    assert flood["silence"] == flood["sent"] - flood["hung_up"] > 0

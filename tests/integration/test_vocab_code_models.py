@@ -1,6 +1,7 @@
-"""Code models' tokenizers against llama.cpp's own test vectors (vocab-only GGUFs of StarCoder, DeepSeek-Coder,
-Qwen2, Llama 3, Refact, GPT-2 from the llama-cpp-python sdist): the same ids for every case, FIM markers single
-special ids, the family's FIM template and stops found in the vocabulary."""
+"""Code models' tokenizers against llama.cpp's own test vectors (vocab-only GGUFs of StarCoder,
+DeepSeek-Coder, Qwen2, Llama 3, Refact, GPT-2 from the llama-cpp-python sdist): the same ids for
+every case, FIM markers single special ids, the family's FIM template and stops found in the
+vocabulary."""
 
 import pytest
 from llama_vocab import NAMES, fetch_vocabs, vocab_cases
@@ -25,14 +26,17 @@ def test_ids_equal_llama_cpp_test_vectors(vocabs, name):
     cases = vocab_cases(vocabs, name)
     assert len(cases) >= 40
     # llama.cpp's test-tokenizer-0 tokenizes without BOS (add_special false)
-    wrong = [(text, tok.encode(text, add_bos=False), ids) for text, ids in cases if tok.encode(text, add_bos=False)
-             != ids]
+    wrong = [(text, tok.encode(text, add_bos=False), ids) for text, ids in cases
+             if tok.encode(text, add_bos=False) != ids]
     assert wrong == []
 
 
 @pytest.mark.parametrize(("name", "family", "markers", "stops"), [
-    ("starcoder", "starcoder", ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>", "<repo_name>"),
-     {"<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>", "<repo_name>"}),
+    ("starcoder", "starcoder",
+     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>", "<repo_name>"), {
+         "<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>",
+         "<repo_name>"
+     }),
     ("deepseek-coder", "deepseek-coder", ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
      {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", "<｜end▁of▁sentence｜>", "<|EOT|>"}),
 ])
@@ -47,14 +51,17 @@ def test_fim_markers_are_single_ids(vocabs, name, family, markers, stops):
                        repo_context([{"filename": "util.py", "text": "X = 1\n"}], fim, repo="demo"))
     ids = tok.encode(prompt, add_bos=False)
     assert all(ids.count(tok.token_to_id(m)) >= 1 for m in fim.tokens)
-    assert tok.decode(ids, skip_special_tokens=False) == prompt  # byte-exact round trip, markers included
+    # byte-exact round trip, markers included
+    assert tok.decode(ids, skip_special_tokens=False) == prompt
     if fim.file_sep:  # StarCoder2: the repository context in its own markers
-        assert ids.count(tok.token_to_id("<file_sep>")) == 2 and ids[0] == tok.token_to_id("<repo_name>")
+        assert ids.count(
+            tok.token_to_id("<file_sep>")) == 2 and ids[0] == tok.token_to_id("<repo_name>")
 
 
 def test_qwen2_vocabulary_has_no_fim_tokens_and_its_own_regex(vocabs):
-    """This Qwen2 vocabulary predates Qwen2.5-Coder's FIM tokens (prefix-only there); its pre-tokenizer is qwen2's,
-    not smollm's: digits one at a time but letters after a non-letter kept together (`_abc` is one piece)."""
+    """This Qwen2 vocabulary predates Qwen2.5-Coder's FIM tokens (prefix-only there); its
+    pre-tokenizer is qwen2's, not smollm's: digits one at a time but letters after a non-letter kept
+    together (`_abc` is one piece)."""
     tok = tokenizer(vocabs, "qwen2")
     assert detect_fim(tok) is None
     pieces = [p for p, _ in tok.backend.pre_tokenizer.pre_tokenize_str("x_abc=123")]

@@ -1,13 +1,15 @@
-"""Who a request is, shared by the server and the router: the one reader of its credential (the Authorization
-header), the API keys a file lists, and the tenant a credential stands for.
+"""Who a request is, shared by the server and the router: the one reader of its credential (the
+Authorization header), the API keys a file lists, and the tenant a credential stands for.
 
-Every reader of a credential goes through `header()`, which refuses a header sent twice (400): the guard, the
-session key, the cache salt and the router's cache would otherwise each pick their own copy.
+Every reader of a credential goes through `header()`, which refuses a header sent twice (400): the
+guard, the session key, the cache salt and the router's cache would otherwise each pick their own
+copy.
 
-A tenant is a hash of a credential, never the credential itself. A router that authenticates to its nodes with
-its own key names its client's tenant in `X-Warmpath-Tenant`; a node hashes that name under the caller's own
-tenant (`tenant()`), so a caller can split its tenant but never enter another's: a client that sends the header
-itself, to a node or through a router (which never forwards it), stays inside its own key's tenant.
+A tenant is a hash of a credential, never the credential itself. A router that authenticates to its
+nodes with its own key names its client's tenant in `X-Warmpath-Tenant`; a node hashes that name
+under the caller's own tenant (`tenant()`), so a caller can split its tenant but never enter
+another's: a client that sends the header itself, to a node or through a router (which never
+forwards it), stays inside its own key's tenant.
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ _COMMENT = re.compile(r"(?:^|\s)#")
 
 
 def header(headers, name: str) -> str | None:
-    """The value of header `name` (Starlette's Headers, an ASGI scope's raw pairs or a plain mapping), None
-    without it; ApiError (400) when it comes more than once."""
+    """The value of header `name` (Starlette's Headers, an ASGI scope's raw pairs or a plain
+    mapping), None without it; ApiError (400) when it comes more than once."""
     if not hasattr(headers, "raw") and isinstance(headers, Mapping):  # a dict cannot hold two
         return headers.get(name.lower(), headers.get(name))
     wanted = name.lower().encode("latin-1")
     raw = headers.raw if hasattr(headers, "raw") else headers
     values = [v for k, v in raw if k.lower() == wanted]
     if len(values) > 1:
-        raise ApiError(400, f"the {name} header was sent {len(values)} times; send it once", param=name,
-                       code=f"duplicate_{name.lower().replace('-', '_')}")
+        raise ApiError(400, f"the {name} header was sent {len(values)} times; send it once",
+                       param=name, code=f"duplicate_{name.lower().replace('-', '_')}")
     return values[0].decode("latin-1") if values else None
 
 
@@ -44,12 +46,14 @@ def authorization(headers) -> str:
 
 def tenant_of(credential: str) -> str:
     """The tenant a credential (an Authorization header's value) stands for."""
-    return hashlib.sha256(b"warmpath tenant\0" + credential.encode("latin-1", "replace")).hexdigest()
+    return hashlib.sha256(b"warmpath tenant\0" +
+                          credential.encode("latin-1", "replace")).hexdigest()
 
 
 def tenant(headers) -> str:
-    """A request's tenant on a node: its credential's, refined by the tenant its caller names (a router's client).
-    The name is hashed under the caller's own tenant: naming never reaches another credential's tenant."""
+    """A request's tenant on a node: its credential's, refined by the tenant its caller names (a
+    router's client). The name is hashed under the caller's own tenant: naming never reaches another
+    credential's tenant."""
     own = tenant_of(authorization(headers))
     named = header(headers, TENANT_HEADER)
     if named is None:

@@ -1,15 +1,16 @@
-"""llama.cpp's generation limits for editor requests, on text deltas: `n_indent` (end before a line that leaves
-the block) and a chain of such cutters (with the completion scope, api/scope.py). `t_max_predict_ms` is
-jobs.run's (it needs the clock). Each holds back as little as it can, so a streamed completion still arrives
-token by token."""
+"""llama.cpp's generation limits for editor requests, on text deltas: `n_indent` (end before a line
+that leaves the block) and a chain of such cutters (with the completion scope, api/scope.py).
+`t_max_predict_ms` is jobs.run's (it needs the clock). Each holds back as little as it can, so a
+streamed completion still arrives token by token."""
 
 from __future__ import annotations
 
 
 class IndentCutter:
-    """End the completion before the first new line that starts less indented than `indent` columns (spaces and
-    tabs count one each, as in llama.cpp): the model has left the block being completed. Blank lines never end
-    it. Holds back only a new line's leading whitespace, until its first other character shows."""
+    """End the completion before the first new line that starts less indented than `indent` columns
+    (spaces and tabs count one each, as in llama.cpp): the model has left the block being completed.
+    Blank lines never end it. Holds back only a new line's leading whitespace, until its first other
+    character shows."""
 
     def __init__(self, indent: int):
         self.indent = indent

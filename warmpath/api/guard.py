@@ -1,9 +1,11 @@
-"""ASGI middleware shared by the server and the router: API key (401; two Authorization headers: 400), then the
-body read under a size limit (413) and a time limit (408), answered with the OpenAI error object.
+"""ASGI middleware shared by the server and the router: API key (401; two Authorization headers:
+400), then the body read under a size limit (413) and a time limit (408), answered with the OpenAI
+error object.
 
-The limit is on the bytes actually received, whatever the framing: a `Content-Length` over it is refused
-before any byte of the body is read, a chunked body as soon as its running total passes it. Headers are
-decoded as latin-1, as Starlette does, so no header byte can make a request fail with a 500.
+The limit is on the bytes actually received, whatever the framing: a `Content-Length` over it is
+refused before any byte of the body is read, a chunked body as soon as its running total passes it.
+Headers are decoded as latin-1, as Starlette does, so no header byte can make a request fail with a
+500.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ class _Gone(Exception):
 
 
 class GuardMiddleware:
-    """Pure ASGI (no response buffering, disconnects pass through). The app sees a request only once its whole
-    body is in, within the limits; the body is handed on as one message."""
+    """Pure ASGI (no response buffering, disconnects pass through). The app sees a request only once
+    its whole body is in, within the limits; the body is handed on as one message."""
 
     def __init__(self, app, config, open_paths: tuple[str, ...] = ("/health",)):
-        self.app, self.config, self.open_paths = app, config, open_paths  # open_paths: no API key asked
+        # open_paths: no API key asked
+        self.app, self.config, self.open_paths = app, config, open_paths
         self.keys = [f"Bearer {k}".encode() for k in accepted_keys(config)]
 
     async def __call__(self, scope, receive, send):
@@ -41,21 +44,25 @@ class GuardMiddleware:
         length = headers.get("content-length", b"").decode("latin-1")
         if length.isdigit() and int(length) > limit:
             return await _refuse(413, f"request body over {limit} bytes", scope, receive, send)
-        try:  # on every path: two credentials are ambiguous to every later reader (admin, session, salt) too
+        try:
+            # on every path: two credentials are ambiguous to every later reader (admin, session,
+            # salt) too
             auth = authorization(scope.get("headers", [])).encode("latin-1")
         except ApiError as e:
             return await JSONResponse(e.body, status_code=e.status)(scope, receive, send)
         if self.keys and not _is_open(scope["path"], self.open_paths):
-            if not any(hmac.compare_digest(auth, k) for k in self.keys):  # each compared in constant time
-                return await _refuse(401, "missing or wrong API key", scope, receive, send, "authentication_error",
-                                     "invalid_api_key")
+            if not any(hmac.compare_digest(auth, k) for k in self.keys):
+                # each compared in constant time
+                return await _refuse(401, "missing or wrong API key", scope, receive, send,
+                                     "authentication_error", "invalid_api_key")
         try:
             async with asyncio.timeout(self.config.body_timeout):
                 body = await _read_body(receive, limit)
         except _TooLarge:
             return await _refuse(413, f"request body over {limit} bytes", scope, receive, send)
         except TimeoutError:
-            return await _refuse(408, "request body not received in time", scope, receive, send, code="timeout")
+            return await _refuse(408, "request body not received in time", scope, receive, send,
+                                 code="timeout")
         except _Gone:
             return None
         return await self.app(scope, _replay(body, receive), send)
@@ -90,11 +97,12 @@ def _replay(body: bytes, receive):
     return replay
 
 
-async def _refuse(status: int, message: str, scope, receive, send, type_: str = "invalid_request_error",
-                  code: str | None = None) -> None:
-    # 408: the connection is closed (the client is too slow to wait for). 413 keeps it open: the server reads and
-    # drops what the client is still sending (the protocol discards a body past its answer, within the
-    # keep-alive and header timeouts), so the client gets the 413 instead of a reset mid-upload.
+async def _refuse(status: int, message: str, scope, receive, send,
+                  type_: str = "invalid_request_error", code: str | None = None) -> None:
+    # 408: the connection is closed (the client is too slow to wait for). 413 keeps it open: the
+    # server reads and drops what the client is still sending (the protocol discards a body past its
+    # answer, within the keep-alive and header timeouts), so the client gets the 413 instead of a
+    # reset mid-upload.
     headers = {"connection": "close"} if status == 408 else None
     resp = JSONResponse(error_body(message, type_, code=code), status_code=status, headers=headers)
     await resp(scope, receive, send)

@@ -1,11 +1,12 @@
-"""Mistral's `POST /v1/fim/completions` (Continue's `provider: mistral`, the `mistralai` client) to and from an Ask.
+"""Mistral's `POST /v1/fim/completions` (Continue's `provider: mistral`, the `mistralai` client) to
+and from an Ask.
 
-The body: `model`, `prompt` (the prefix), `suffix`, `max_tokens`, `temperature` (default 0.7, Codestral's),
-`top_p`, `stop`, `random_seed`, `stream`, `prompt_cache_key` (a session key when no X-Session-Id is sent);
-`min_tokens` is refused unless 0. The answer is chat-completion shaped (`choices[0].message.content`), a stream
-is chat chunks (`choices[0].delta.content`) ending with `data: [DONE]`. Validation errors are 422
-`{"detail": [{loc, msg, type}]}` (what the client parses as HTTPValidationError), others
-`{"object": "error", "message", "type", "param", "code"}`.
+The body: `model`, `prompt` (the prefix), `suffix`, `max_tokens`, `temperature` (default 0.7,
+Codestral's), `top_p`, `stop`, `random_seed`, `stream`, `prompt_cache_key` (a session key when no
+X-Session-Id is sent); `min_tokens` is refused unless 0. The answer is chat-completion shaped
+(`choices[0].message.content`), a stream is chat chunks (`choices[0].delta.content`) ending with
+`data: [DONE]`. Validation errors are 422 `{"detail": [{loc, msg, type}]}` (what the client parses
+as HTTPValidationError), others `{"object": "error", "message", "type", "param", "code"}`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class FimBody(BaseModel):
     stream: bool = False
     prompt_cache_key: str | None = Field(default=None, max_length=256)
     scope: CompletionScope | None = None  # warmpath's: where the answer ends (api/scope.py)
-    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
+    # warmpath's: server/confidence.py
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @field_validator("prompt", "suffix", "stop")
     @classmethod
@@ -50,10 +52,17 @@ class FimBody(BaseModel):
 
 def error(status: int, message: str, param: str | None = None):
     if status == 422:
-        return shaped(422, {"detail": [{"loc": ["body", *(param.split(".") if param else [])], "msg": message[:1000],
-                                        "type": "value_error"}]})
+        return shaped(
+            422, {
+                "detail": [{
+                    "loc": ["body", *(param.split(".") if param else [])], "msg": message[:1000],
+                    "type": "value_error"
+                }]
+            })
     kind = "invalid_request_error" if status < 500 else "internal_error"
-    return shaped(status, {"object": "error", "message": message[:1000], "type": kind, "param": param, "code": None})
+    return shaped(
+        status,
+        {"object": "error", "message": message[:1000], "type": kind, "param": param, "code": None})
 
 
 def parse(raw: bytes) -> Ask:
@@ -68,9 +77,9 @@ def parse(raw: bytes) -> Ask:
     except ValueError as e:
         raise error(422, str(e), "stop") from None
     return Ask(kind=NAME, fill=Fill(prefix=b.prompt, suffix=b.suffix), max_tokens=b.max_tokens,
-               temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p, seed=b.random_seed,
-               stop=stops, stream=b.stream, model=b.model, user=b.prompt_cache_key, scope=b.scope,
-               min_confidence=b.min_confidence)
+               temperature=0.7 if b.temperature is None else b.temperature, top_p=b.top_p,
+               seed=b.random_seed, stop=stops, stream=b.stream, model=b.model,
+               user=b.prompt_cache_key, scope=b.scope, min_confidence=b.min_confidence)
 
 
 def _usage(out: Outcome) -> dict:
@@ -80,14 +89,21 @@ def _usage(out: Outcome) -> dict:
 
 
 def answer(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
-    return compact({"id": request_id, "object": "chat.completion", "model": model, "created": int(time.time()),
-                    "usage": _usage(out), "choices": [{"index": 0, "message": {
-                        "role": "assistant", "content": "" if out.silent else out.text}, "finish_reason": out.finish}]})
+    return compact({
+        "id": request_id, "object": "chat.completion", "model": model, "created": int(time.time()),
+        "usage": _usage(out), "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": "" if out.silent else out.text},
+            "finish_reason": out.finish
+        }]
+    })
 
 
-def _chunk(request_id: str, model: str | None, delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
-    body = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+def _chunk(request_id: str, model: str | None, delta: dict, finish: str | None,
+           usage: dict | None = None) -> bytes:
+    body = {
+        "id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+        "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+    }
     if usage is not None:
         body["usage"] = usage
     return b"data: " + compact(body) + b"\n\n"

@@ -1,15 +1,17 @@
-"""Ollama's `POST /api/generate` (Continue's `provider: ollama`, the `ollama` clients) to and from an Ask, and the
-model listings those clients read first (`/api/show`, `/api/tags`, `/api/version`).
+"""Ollama's `POST /api/generate` (Continue's `provider: ollama`, the `ollama` clients) to and from
+an Ask, and the model listings those clients read first (`/api/show`, `/api/tags`, `/api/version`).
 
 The body: `model`, `prompt`, `suffix` (FIM), `system`, `raw` (no template), `stream` (default true),
-`options: {num_predict, temperature, top_k, top_p, seed, stop}` (Ollama's defaults: 0.8, 40, 0.9, unbounded);
-other options (num_ctx, repeat_penalty, ...) are ignored, as Ollama ignores options a model does not use.
-`context` (a previous answer's tokens), `images`, `format` and a custom `template` are refused by name unless
-empty. An empty prompt with no suffix only "loads" the model (`done_reason: "load"`), as in Ollama.
+`options: {num_predict, temperature, top_k, top_p, seed, stop}` (Ollama's defaults: 0.8, 40, 0.9,
+unbounded); other options (num_ctx, repeat_penalty, ...) are ignored, as Ollama ignores options a
+model does not use. `context` (a previous answer's tokens), `images`, `format` and a custom
+`template` are refused by name unless empty. An empty prompt with no suffix only "loads" the model
+(`done_reason: "load"`), as in Ollama.
 
-The answer: `{model, created_at, response, done, done_reason, context, total_duration, load_duration,
-prompt_eval_count, prompt_eval_duration, eval_count, eval_duration}` (durations in ns); a stream is NDJSON, one
-object per line, the last with `done: true` and the counts. Errors: `{"error": "..."}`.
+The answer: `{model, created_at, response, done, done_reason, context, total_duration,
+load_duration, prompt_eval_count, prompt_eval_duration, eval_count, eval_duration}` (durations in
+ns); a stream is NDJSON, one object per line, the last with `done: true` and the counts. Errors:
+`{"error": "..."}`.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ class GenerateBody(BaseModel):
     raw: bool = False
     stream: bool = True
     options: Options = Field(default_factory=Options)
-    scope: CompletionScope | None = None  # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
-    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)  # warmpath's: server/confidence.py
+    # warmpath's: where a fill-in-the-middle answer ends (api/scope.py)
+    scope: CompletionScope | None = None
+    # warmpath's: server/confidence.py
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @field_validator("prompt", "suffix", "system")
     @classmethod
@@ -81,10 +85,11 @@ def parse(raw: bytes) -> Ask:
     o = b.options
     # -1 unbounded, -2 "fill the context": both up to the context here; 0 would be nothing at all
     max_tokens = None if o.num_predict < 0 else max(1, o.num_predict)
-    return Ask(kind=NAME, fill=Fill(prefix=b.prompt, suffix=b.suffix), chat=not b.raw and b.suffix is None,
-               system=b.system, max_tokens=max_tokens, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p,
-               seed=None if o.seed is None or o.seed < 0 else o.seed, stop=o.stop, stream=b.stream,
-               model=served_name(b.model), scope=b.scope, min_confidence=b.min_confidence,
+    return Ask(kind=NAME, fill=Fill(prefix=b.prompt, suffix=b.suffix), chat=not b.raw and
+               b.suffix is None, system=b.system, max_tokens=max_tokens, temperature=o.temperature,
+               top_k=o.top_k, top_p=o.top_p, seed=None if o.seed is None or o.seed < 0 else o.seed,
+               stop=o.stop, stream=b.stream, model=served_name(b.model), scope=b.scope,
+               min_confidence=b.min_confidence,
                options={"load_only": not b.prompt and b.suffix is None})
 
 
@@ -99,11 +104,13 @@ def _now() -> str:
 
 def _final(out: Outcome, model: str | None, text: str) -> dict:
     ns = 1_000_000_000
-    return {"model": model, "created_at": _now(), "response": text, "done": True, "done_reason": out.finish,
-            "context": [],
-            "total_duration": int((out.prompt_s + out.predict_s) * ns), "load_duration": 0,
-            "prompt_eval_count": out.prompt_tokens, "prompt_eval_duration": int(out.prompt_s * ns),
-            "eval_count": out.generated_tokens, "eval_duration": int(out.predict_s * ns)}
+    return {
+        "model": model, "created_at": _now(), "response": text, "done": True,
+        "done_reason": out.finish, "context": [], "total_duration": int(
+            (out.prompt_s + out.predict_s) * ns), "load_duration": 0,
+        "prompt_eval_count": out.prompt_tokens, "prompt_eval_duration": int(out.prompt_s * ns),
+        "eval_count": out.generated_tokens, "eval_duration": int(out.predict_s * ns)
+    }
 
 
 def answer(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
@@ -122,13 +129,16 @@ def stream_error(message: str) -> bytes:
     return compact({"error": message}) + b"\n"
 
 
-# -- the model listings -------------------------------------------------------------------------------------------
+# -- the model listings ----------------------------------------------------------------------------
 def template(layout: str | None) -> str:
-    """The Go template /api/show reports. Continue offers FIM only when it mentions `.Suffix`; a model without
-    FIM tokens still takes a suffix here (prefix-only, cut where the suffix repeats), so it always does."""
+    """The Go template /api/show reports. Continue offers FIM only when it mentions `.Suffix`; a
+    model without FIM tokens still takes a suffix here (prefix-only, cut where the suffix repeats),
+    so it always does."""
     if layout is None:
         return "{{ .Prompt }}{{- if .Suffix }}{{- /* prefix-only: cut where .Suffix repeats */ -}}{{- end }}"
-    fim = layout.replace("{context}", "").replace("{prefix}", "{{ .Prompt }}").replace("{suffix}", "{{ .Suffix }}")
+    fim = layout.replace("{context}",
+                         "").replace("{prefix}",
+                                     "{{ .Prompt }}").replace("{suffix}", "{{ .Suffix }}")
     return "{{- if .Suffix }}" + fim + "{{- else }}{{ .Prompt }}{{- end }}"
 
 
@@ -138,9 +148,12 @@ def details(family: str) -> dict:
 
 
 def show(name: str, layout: str | None, family: str, context_length: int) -> dict:
-    return {"modelfile": f"FROM {name}\n", "parameters": "", "template": template(layout), "details": details(family),
-            "model_info": {"general.architecture": family, f"{family}.context_length": context_length},
-            "capabilities": ["completion", "insert"], "modified_at": _now()}
+    return {
+        "modelfile": f"FROM {name}\n", "parameters": "", "template": template(layout),
+        "details": details(family),
+        "model_info": {"general.architecture": family, f"{family}.context_length": context_length},
+        "capabilities": ["completion", "insert"], "modified_at": _now()
+    }
 
 
 def tags(names: list[str], family: str = "") -> dict:

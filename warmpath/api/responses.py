@@ -1,8 +1,9 @@
-"""OpenAI response bodies for /v1/completions and /v1/chat/completions, whole and streamed; the silence answer
-(a late or refused request: 200, empty text, finish_reason "deadline" or "overloaded"); SSE framing.
+"""OpenAI response bodies for /v1/completions and /v1/chat/completions, whole and streamed; the
+silence answer (a late or refused request: 200, empty text, finish_reason "deadline" or
+"overloaded"); SSE framing.
 
-`kind` is "completion" or "chat". A stream is `data: <json>\\n\\n` events ending with `data: [DONE]\\n\\n`; a
-stream that fails ends with an error event instead, never with [DONE].
+`kind` is "completion" or "chat". A stream is `data: <json>\\n\\n` events ending with `data:
+[DONE]\\n\\n`; a stream that fails ends with an error event instead, never with [DONE].
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def new_id(prefix: str) -> str:
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
           tier_cached_tokens: int | None = None) -> dict:
-    """OpenAI's usage; cached_tokens counts the prompt tokens not computed, tier_cached_tokens (warmpath's, with a
-    KV tier) those of them read back from disk rather than found in RAM."""
+    """OpenAI's usage; cached_tokens counts the prompt tokens not computed, tier_cached_tokens
+    (warmpath's, with a KV tier) those of them read back from disk rather than found in RAM."""
     body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
@@ -39,8 +40,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 def choice(kind: str, text: str, finish: str | None, delta: bool = False, first: bool = False,
            logprobs: dict | None = None, confidence: float | None = None) -> dict:
-    """The one choice; for a chat stream (`delta`) the first chunk carries the role, later ones only text. A
-    fill-in-the-middle answer's confidence (warmpath's own field) once it is judged."""
+    """The one choice; for a chat stream (`delta`) the first chunk carries the role, later ones only
+    text. A fill-in-the-middle answer's confidence (warmpath's own field) once it is judged."""
     if kind == "completion":
         c = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return c if confidence is None else {**c, "confidence": round(confidence, 4)}
@@ -51,48 +52,58 @@ def choice(kind: str, text: str, finish: str | None, delta: bool = False, first:
             "finish_reason": finish}
 
 
-def envelope(kind: str, request_id: str, model: str | None, choices: list[dict], chunk: bool = False,
-             fim_mode: str | None = None) -> dict:
-    body = {"id": request_id, "object": _OBJECT[kind] + (".chunk" if chunk and kind == "chat" else ""),
-            "created": int(time.time()), "model": model, "choices": choices}
+def envelope(kind: str, request_id: str, model: str | None, choices: list[dict],
+             chunk: bool = False, fim_mode: str | None = None) -> dict:
+    body = {
+        "id": request_id, "object": _OBJECT[kind] + (".chunk" if chunk and kind == "chat" else ""),
+        "created": int(time.time()), "model": model, "choices": choices
+    }
     if fim_mode is not None:  # how a completion with a suffix was prompted (warmpath's own field)
         body["fim_mode"] = fim_mode
     return body
 
 
-def answer(kind: str, request_id: str, model: str | None, text: str, finish: str | None, usage_: dict,
-           fim_mode: str | None = None, logprobs: dict | None = None, confidence: float | None = None) -> dict:
-    """A whole (non-streamed) answer; a late, refused or unsure one (SILENT) is silence: empty text, no
-    logprobs."""
+def answer(kind: str, request_id: str, model: str | None, text: str, finish: str | None,
+           usage_: dict, fim_mode: str | None = None, logprobs: dict | None = None,
+           confidence: float | None = None) -> dict:
+    """A whole (non-streamed) answer; a late, refused or unsure one (SILENT) is silence: empty text,
+    no logprobs."""
     if finish in SILENT:
         text, logprobs = "", None
     c = choice(kind, text, finish, logprobs=logprobs, confidence=confidence)
     return {**envelope(kind, request_id, model, [c], fim_mode=fim_mode), "usage": usage_}
 
 
-def chunk(kind: str, request_id: str, model: str | None, text: str, finish: str | None, first: bool = False,
-          fim_mode: str | None = None, logprobs: dict | None = None, confidence: float | None = None) -> dict:
+def chunk(kind: str, request_id: str, model: str | None, text: str, finish: str | None,
+          first: bool = False, fim_mode: str | None = None, logprobs: dict | None = None,
+          confidence: float | None = None) -> dict:
     """One streamed event's body."""
-    c = choice(kind, text, finish, delta=True, first=first, logprobs=logprobs, confidence=confidence)
+    c = choice(kind, text, finish, delta=True, first=first, logprobs=logprobs,
+               confidence=confidence)
     return envelope(kind, request_id, model, [c], chunk=True, fim_mode=fim_mode)
 
 
-def usage_chunk(kind: str, request_id: str, model: str | None, usage_: dict, fim_mode: str | None = None) -> dict:
-    """The last event of a stream asked for with stream_options.include_usage: no choices, the usage."""
+def usage_chunk(kind: str, request_id: str, model: str | None, usage_: dict,
+                fim_mode: str | None = None) -> dict:
+    """The last event of a stream asked for with stream_options.include_usage: no choices, the
+    usage."""
     return {**envelope(kind, request_id, model, [], chunk=True, fim_mode=fim_mode), "usage": usage_}
 
 
 def silence(kind: str, model: str | None, reason: str = "deadline", request_id: str | None = None,
             usage_: dict | None = None, fim_mode: str | None = None) -> dict:
     """A late or refused answer as JSON: empty text, finish_reason `reason`, never an error."""
-    return answer(kind, request_id or new_id("route"), model, "", reason, usage_ or usage(0, 0), fim_mode)
+    return answer(kind, request_id or new_id("route"), model, "", reason, usage_ or usage(0, 0),
+                  fim_mode)
 
 
-def silence_sse(kind: str, model: str | None, reason: str = "deadline", request_id: str | None = None,
-                first: bool = False, fim_mode: str | None = None) -> str:
-    """The same as the end of a stream: one empty chunk with finish_reason `reason`, then [DONE]. `first` when
-    it opens the stream (a chat stream's first chunk carries the role)."""
-    body = chunk(kind, request_id or new_id("route"), model, "", reason, first=first, fim_mode=fim_mode)
+def silence_sse(kind: str, model: str | None, reason: str = "deadline",
+                request_id: str | None = None, first: bool = False,
+                fim_mode: str | None = None) -> str:
+    """The same as the end of a stream: one empty chunk with finish_reason `reason`, then [DONE].
+    `first` when it opens the stream (a chat stream's first chunk carries the role)."""
+    body = chunk(kind, request_id or new_id("route"), model, "", reason, first=first,
+                 fim_mode=fim_mode)
     return sse(body) + SSE_DONE
 
 
@@ -106,7 +117,8 @@ def sse_error(message: str, code: str) -> str:
 
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Whole SSE events (`...\\n\\n`) from raw chunks, so a relay can end a stream cleanly between two."""
+    """Whole SSE events (`...\\n\\n`) from raw chunks, so a relay can end a stream cleanly between
+    two."""
     buf = b""
     async for piece in chunks:
         buf += piece.replace(b"\r\n", b"\n")

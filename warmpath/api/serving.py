@@ -1,12 +1,14 @@
-"""Running the server or the router under uvicorn with the connection limits of its config (ServerConfig or
-RouterConfig): a time to send the headers, a keep-alive time, a header size, a connection count. The body's
-size and time limits are the guard's (guard.py), which sees the body as it arrives.
+"""Running the server or the router under uvicorn with the connection limits of its config
+(ServerConfig or RouterConfig): a time to send the headers, a keep-alive time, a header size, a
+connection count. The body's size and time limits are the guard's (guard.py), which sees the body as
+it arrives.
 
-uvicorn alone holds a connection that never finishes its headers for ever (its keep-alive timer stops at the
-first byte), and answers protocol errors in plain text. `LimitedH11` closes such a connection after
-`header_timeout` (408), refuses connections past `max_connections` (503), and answers a malformed request
-(400) or oversized headers (431) with the OpenAI error object. After such an answer it reads and drops what
-the client still sends for a moment before closing, so the client gets the answer rather than a reset.
+uvicorn alone holds a connection that never finishes its headers for ever (its keep-alive timer
+stops at the first byte), and answers protocol errors in plain text. `LimitedH11` closes such a
+connection after `header_timeout` (408), refuses connections past `max_connections` (503), and
+answers a malformed request (400) or oversized headers (431) with the OpenAI error object. After
+such an answer it reads and drops what the client still sends for a moment before closing, so the
+client gets the answer rather than a reset.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class LimitedH11(H11Protocol):
         if self._refused:  # draining after an error answer
             return
         super().data_received(data)
-        if self.cycle is not None and not self.cycle.response_complete:  # a request's headers are in
+        if self.cycle is not None and not self.cycle.response_complete:
+            # a request's headers are in
             self._cancel_header_timer()
 
     def on_response_complete(self) -> None:
@@ -62,7 +65,7 @@ class LimitedH11(H11Protocol):
         else:
             self.refuse(400, "malformed HTTP request")
 
-    # -- limits -------------------------------------------------------------------------------------------------
+    # -- limits ------------------------------------------------------------------------------------
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
         self._header_timer = self.loop.call_later(self.limits.header_timeout, self._headers_late)
@@ -75,11 +78,14 @@ class LimitedH11(H11Protocol):
     def _headers_late(self) -> None:
         self._header_timer = None
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
-            self.refuse(408, f"request headers not received within {self.limits.header_timeout:g} s",
+            self.refuse(408,
+                        f"request headers not received within {self.limits.header_timeout:g} s",
                         code="timeout")
 
-    def refuse(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
-        """Answer with the OpenAI error object outside h11 (which has no request to answer here), then close."""
+    def refuse(self, status: int, message: str, type_: str = "invalid_request_error",
+               code: str | None = None):
+        """Answer with the OpenAI error object outside h11 (which has no request to answer here),
+        then close."""
         self._cancel_header_timer()
         self._refused = True
         body = json.dumps(error_body(message, type_, code=code)).encode()
@@ -102,8 +108,8 @@ def uvicorn_config(app, limits, log_level: str = "info", **kwargs) -> uvicorn.Co
     """uvicorn's config for `app` under `limits` (its host and port unless kwargs say otherwise)."""
     kwargs.setdefault("host", limits.host)
     kwargs.setdefault("port", limits.port)
-    return uvicorn.Config(app, log_level=log_level.lower(), access_log=False, http=protocol_for(limits),
-                          timeout_keep_alive=limits.keep_alive_timeout,
+    return uvicorn.Config(app, log_level=log_level.lower(), access_log=False,
+                          http=protocol_for(limits), timeout_keep_alive=limits.keep_alive_timeout,
                           h11_max_incomplete_event_size=limits.max_header_bytes, **kwargs)
 
 

@@ -1,5 +1,5 @@
-"""The bench picture: TTFT distributions of every target (CDF, log time axis, the SLO marked) beside their
-prefix-cache hit rate and goodput."""
+"""The bench picture: TTFT distributions of every target (CDF, log time axis, the SLO marked) beside
+their prefix-cache hit rate and goodput."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def plot(summaries: list[dict], ttfts: list[list[float]], names: list[str], path
         left.step([10.0] + [x * 1000 for x in finite], [0.0] + ys, where="post",
                   label=f"{name}: n={len(xs)}, {late:.0%} never got a first token in time")
     left.axvline(slo_s * 1000, color="grey", linestyle="--", linewidth=1)
-    left.set_xlim(10, max([slo_s * 4000] + [x * 1500 for v in ttfts for x in v if math.isfinite(x)]))
+    left.set_xlim(10,
+                  max([slo_s * 4000] + [x * 1500 for v in ttfts for x in v if math.isfinite(x)]))
     left.text(slo_s * 1000, 0.02, f" SLO {slo_s * 1000:.0f} ms", color="grey")
     left.set_xscale("log")
     left.set_xlabel("editor time to first token (ms, log); dropped-late requests never reach 1.0")
@@ -42,8 +43,10 @@ def plot(summaries: list[dict], ttfts: list[list[float]], names: list[str], path
         bars = right.bar([j + i * width for j in range(2)], vals, width, label=name)
         for b, v in zip(bars, (hit, good), strict=True):
             label = "n/a" if v is None or math.isnan(v) else f"{v * 100:.0f}%"
-            right.text(b.get_x() + b.get_width() / 2, b.get_height() + 1, label, ha="center", fontsize=8)
-    right.set_xticks([j + width * (len(names) - 1) / 2 for j in range(2)], ["prefix-cache hit rate", "goodput"])
+            right.text(b.get_x() + b.get_width() / 2,
+                       b.get_height() + 1, label, ha="center", fontsize=8)
+    right.set_xticks([j + width * (len(names) - 1) / 2 for j in range(2)],
+                     ["prefix-cache hit rate", "goodput"])
     right.set_ylim(0, 110)
     right.set_ylabel("%")
     right.legend(loc="upper right", fontsize=8)

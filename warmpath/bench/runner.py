@@ -1,6 +1,6 @@
-"""Replays a trace against one server, as the developers and agents in it would: editor keystrokes open-loop on
-the trace's clock (people type whatever the server does), agent turns closed-loop (the next turn waits for the
-previous answer, then the think time)."""
+"""Replays a trace against one server, as the developers and agents in it would: editor keystrokes
+open-loop on the trace's clock (people type whatever the server does), agent turns closed-loop (the
+next turn waits for the previous answer, then the think time)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class RunResult:
 class Progress:
     """One live line on stderr: elapsed / total, requests by outcome."""
 
-    def __init__(self, label: str, total_s: float, records: list[RequestRecord], enabled: bool = True):
+    def __init__(self, label: str, total_s: float, records: list[RequestRecord],
+                 enabled: bool = True):
         self.label, self.total_s, self.records, self.enabled = label, total_s, records, enabled
         self.tty = sys.stderr.isatty()
         self._last = 0.0
@@ -49,8 +50,8 @@ class Progress:
         bar = "#" * int(frac * 30)
         parts = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
         line = f"{self.label} [{bar:<30}] {t:6.0f}/{self.total_s:.0f} s  {parts}"
-        print(("\r" + line + "\x1b[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
-              flush=True)
+        print(("\r" + line + "\x1b[K") if self.tty else line, end="" if self.tty else "\n",
+              file=sys.stderr, flush=True)
 
     def done(self) -> None:
         if self.enabled and self.tty:
@@ -70,7 +71,9 @@ async def _agent(http: httpx.AsyncClient, target: Target, session: str, turns: l
             await asyncio.sleep(wait)
         rec = RequestRecord(session, "agent", clock(), prompt_chars=len(prompt))
         records.append(rec)
-        body = {"prompt": prompt, "max_tokens": turn["max_tokens"], "temperature": 0.0, "user": session}
+        body = {
+            "prompt": prompt, "max_tokens": turn["max_tokens"], "temperature": 0.0, "user": session
+        }
         await stream_completion(http, target, body, rec, clock, session=session)
         prev_done = clock()
 
@@ -90,9 +93,11 @@ async def replay(trace: Trace, target: Target, config: ClientConfig, label: str 
 
         editors: dict[str, EditorClient] = {}
         agents = []
-        duration = float(trace.meta.get("duration_s") or (trace.events[-1]["t"] if trace.events else 0))
+        duration = float(
+            trace.meta.get("duration_s") or (trace.events[-1]["t"] if trace.events else 0))
         for session, ts in trace.agent_turns().items():
-            agents.append(asyncio.create_task(_agent(http, target, session, ts, records, clock, duration)))
+            agents.append(
+                asyncio.create_task(_agent(http, target, session, ts, records, clock, duration)))
         bar = Progress(label, duration, records, progress)
         for e in trace.events:
             if e["type"] != "key":
@@ -103,13 +108,16 @@ async def replay(trace: Trace, target: Target, config: ClientConfig, label: str 
             bar.update(clock())
             client = editors.get(e["session"])
             if client is None:
-                client = editors[e["session"]] = EditorClient(http, target, e["session"], config, records, clock)
+                client = editors[e["session"]] = EditorClient(http, target, e["session"], config,
+                                                              records, clock)
             prefix, suffix, expected = editor_document(trace, e)
             client.keystroke(prefix, suffix, expected)
-        while clock() < duration:  # the trace's time is the run's time, even if its last key came early
+        while clock() < duration:
+            # the trace's time is the run's time, even if its last key came early
             await asyncio.sleep(min(0.5, duration - clock()))
             bar.update(clock())
-        # Drain: requests still in flight may finish (bounded); whatever is left after that is cancelled.
+        # Drain: requests still in flight may finish (bounded); whatever is left after that is
+        # cancelled.
         pending = [a for a in agents if not a.done()]
         pending += [c.pending for c in editors.values() if c.pending is not None]
         if pending:
@@ -123,6 +131,5 @@ async def replay(trace: Trace, target: Target, config: ClientConfig, label: str 
         bar.done()
         await asyncio.sleep(0.5)  # let the server record the last aborts before the scrape
         after = await scrape(http, target)
-    return RunResult(target.url, target.model, elapsed, records, sum(c.keystrokes for c in editors.values()),
-                     before, after)
-
+    return RunResult(target.url, target.model, elapsed, records,
+                     sum(c.keystrokes for c in editors.values()), before, after)

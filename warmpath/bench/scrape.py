@@ -1,8 +1,8 @@
 """Server-side counters from `/metrics` (Prometheus text), read before and after a run.
 
-warmpath's own names first; vLLM's where a vLLM server is the target; `llamacpp_*` from the llama.cpp baseline
-launcher (benchmarks/baselines/llama_cpp_launch.py). A server with no `/metrics` gives None, and the report falls
-back to what responses said (`usage.cached_tokens`)."""
+warmpath's own names first; vLLM's where a vLLM server is the target; `llamacpp_*` from the
+llama.cpp baseline launcher (benchmarks/baselines/llama_cpp_launch.py). A server with no `/metrics`
+gives None, and the report falls back to what responses said (`usage.cached_tokens`)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ from warmpath.client.completion import Target
 
 # figure -> the sample names that carry it, by server
 COUNTERS = {
-    "prefix_queried_tokens": ("warmpath_prefix_cache_queried_tokens_total", "vllm:prefix_cache_queries_total",
+    "prefix_queried_tokens": ("warmpath_prefix_cache_queried_tokens_total",
+                              "vllm:prefix_cache_queries_total",
                               "llamacpp_prefix_cache_queried_tokens_total"),
     "prefix_hit_tokens": ("warmpath_prefix_cache_hit_tokens_total", "vllm:prefix_cache_hits_total",
                           "llamacpp_prefix_cache_hit_tokens_total"),
-    "prefix_tier_hit_tokens": ("warmpath_prefix_cache_tier_hit_tokens_total",),  # read back from warmpath's KV tier
-    "wasted_tokens": ("warmpath_wasted_tokens_total",),
+    "prefix_tier_hit_tokens": (
+        "warmpath_prefix_cache_tier_hit_tokens_total", ),  # read back from warmpath's KV tier
+    "wasted_tokens": ("warmpath_wasted_tokens_total", ),
     "generation_tokens": ("warmpath_generation_tokens_total", "vllm:generation_tokens_total"),
     "preemptions": ("warmpath_preemptions_total", "vllm:num_preemptions_total"),
-    "evictions": ("warmpath_kv_cache_evictions_total",),
+    "evictions": ("warmpath_kv_cache_evictions_total", ),
 }
 LABELLED = {
     "aborted_client": ("warmpath_requests_aborted_total", "reason", "client"),

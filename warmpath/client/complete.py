@@ -1,6 +1,6 @@
-"""`warmpath complete FILE:LINE:COL --target URL`: one suggestion, asked for the way the editor plugin asks
-(prefix before the cursor, suffix after it, streamed, the client deadline applied), printed to stdout; timing
-and cache figures go to stderr."""
+"""`warmpath complete FILE:LINE:COL --target URL`: one suggestion, asked for the way the editor
+plugin asks (prefix before the cursor, suffix after it, streamed, the client deadline applied),
+printed to stdout; timing and cache figures go to stderr."""
 
 from __future__ import annotations
 
@@ -24,14 +24,19 @@ from warmpath.config import ClientConfig
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("location", help="FILE:LINE:COL, 1-based (COL counts characters)")
-    p.add_argument("--target", default="http://127.0.0.1:8000", help="warmpath serve or warmpath route")
+    p.add_argument("--target", default="http://127.0.0.1:8000",
+                   help="warmpath serve or warmpath route")
     p.add_argument("--api-key", help="sent as Authorization: Bearer")
-    p.add_argument("--max-tokens", type=int, default=ClientConfig.max_tokens, help="the longest suggestion")
+    p.add_argument("--max-tokens", type=int, default=ClientConfig.max_tokens,
+                   help="the longest suggestion")
     p.add_argument("--deadline-ms", type=float, default=None,
                    help="drop the suggestion if the first token is later (default: wait)")
-    p.add_argument("--prefix-chars", type=int, default=5000, help="characters of the file before the cursor sent")
-    p.add_argument("--suffix-chars", type=int, default=1000, help="characters of the file after the cursor sent")
-    p.add_argument("--fim", action=argparse.BooleanOptionalAction, default=True, help="send the suffix")
+    p.add_argument("--prefix-chars", type=int, default=5000,
+                   help="characters of the file before the cursor sent")
+    p.add_argument("--suffix-chars", type=int, default=1000,
+                   help="characters of the file after the cursor sent")
+    p.add_argument("--fim", action=argparse.BooleanOptionalAction, default=True,
+                   help="send the suffix")
 
 
 def split_at(text: str, line: int, col: int) -> int:
@@ -60,7 +65,8 @@ async def complete_at(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    prefix, suffix = text[max(0, cursor - args.prefix_chars): cursor], text[cursor: cursor + args.suffix_chars]
+    prefix, suffix = text[max(0, cursor - args.prefix_chars):cursor], text[cursor:cursor +
+                                                                           args.suffix_chars]
     target = Target(args.target, api_key=args.api_key)
     clock = monotonic_clock()
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http:

@@ -1,5 +1,6 @@
-"""One streamed completion over the OpenAI-compatible API, timed: SSE parsing, the client-side deadline, and a
-cancel that closes the stream (so the server aborts the request instead of finishing it for nobody)."""
+"""One streamed completion over the OpenAI-compatible API, timed: SSE parsing, the client-side
+deadline, and a cancel that closes the stream (so the server aborts the request instead of finishing
+it for nobody)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import httpx
 
 from warmpath.client.outcome import CANCELLED, COMPLETED, CUT, DROPPED, ERROR, SHOWN, outcome
 
-__all__ = ["CANCELLED", "COMPLETED", "DROPPED", "ERROR", "SHOWN", "RequestRecord", "Target", "discover_model",
-           "monotonic_clock", "sse_events", "stream_completion"]
+__all__ = [
+    "CANCELLED", "COMPLETED", "DROPPED", "ERROR", "SHOWN", "RequestRecord", "Target",
+    "discover_model", "monotonic_clock", "sse_events", "stream_completion"
+]
 
 
-# /v1/completions; llama.cpp's /infill (what llama.vim / llama.vscode send); Mistral's /v1/fim/completions (SSE);
-# Ollama's /api/generate (NDJSON); Tabby's completions (one JSON answer: its first token is the whole answer)
+# /v1/completions; llama.cpp's /infill (what llama.vim / llama.vscode send); Mistral's
+# /v1/fim/completions (SSE); Ollama's /api/generate (NDJSON); Tabby's completions (one JSON answer:
+# its first token is the whole answer)
 PROTOCOLS = ("openai", "infill", "mistral", "ollama", "tabby")
 
 
@@ -51,7 +55,8 @@ class RequestRecord:
     first_token: float | None = None
     done: float | None = None
     outcome: str = ""
-    tokens: int = 0  # completion tokens received (usage when the server sends it, else content chunks)
+    # completion tokens received (usage when the server sends it, else content chunks)
+    tokens: int = 0
     chunk_times: list[float] = field(default_factory=list)
     text: str = ""
     expected: str | None = None  # editor: the real next line
@@ -84,8 +89,11 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[dict]:
 
 def _as_infill(body: dict) -> dict:
     """An OpenAI completions body as llama.cpp's /infill takes it (the fields llama.vim sends)."""
-    out = {"input_prefix": body["prompt"], "input_suffix": body.get("suffix") or "", "n_predict": body["max_tokens"],
-           "temperature": body.get("temperature", 0), "stream": True, "cache_prompt": True, "samplers": ["top_k"]}
+    out = {
+        "input_prefix": body["prompt"], "input_suffix": body.get("suffix") or "",
+        "n_predict": body["max_tokens"], "temperature": body.get("temperature", 0), "stream": True,
+        "cache_prompt": True, "samplers": ["top_k"]
+    }
     if body.get("stop"):
         out["stop"] = body["stop"]
     if body.get("scope"):
@@ -100,18 +108,23 @@ def _request(target: Target, body: dict) -> tuple[str, dict]:
         return target.root + "/infill", _as_infill(body)
     if p == "mistral":
         out = {k: body[k] for k in ("model", "stop", "scope") if body.get(k)}
-        return target.api + "/fim/completions", {**out, "prompt": prompt, "suffix": suffix, "stream": True,
-                                                 "max_tokens": body["max_tokens"],
-                                                 "temperature": body.get("temperature", 0)}
+        return target.api + "/fim/completions", {
+            **out, "prompt": prompt, "suffix": suffix, "stream": True,
+            "max_tokens": body["max_tokens"], "temperature": body.get("temperature", 0)
+        }
     if p == "ollama":
         options = {"num_predict": body["max_tokens"], "temperature": body.get("temperature", 0)}
         if body.get("stop"):
             options["stop"] = body["stop"]
-        return target.root + "/api/generate", {"model": body.get("model"), "prompt": prompt, "suffix": suffix,
-                                               "stream": True, "options": options}
+        return target.root + "/api/generate", {
+            "model": body.get("model"), "prompt": prompt, "suffix": suffix, "stream": True,
+            "options": options
+        }
     if p == "tabby":
-        return target.api + "/completions", {"language": "python", "segments": {"prefix": prompt, "suffix": suffix},
-                                             "temperature": body.get("temperature", 0)}
+        return target.api + "/completions", {
+            "language": "python", "segments": {"prefix": prompt, "suffix": suffix},
+            "temperature": body.get("temperature", 0)
+        }
     return target.api + "/completions", body
 
 
@@ -135,7 +148,10 @@ def _choices(event: dict, rec: RequestRecord, protocol: str) -> list[dict]:
         rec.prompt_tokens = event.get("prompt_eval_count", rec.prompt_tokens)
         if event.get("done"):
             rec.tokens = event.get("eval_count", rec.tokens)
-            return [{"text": event.get("response") or "", "finish_reason": event.get("done_reason") or "stop"}]
+            return [{
+                "text": event.get("response") or "", "finish_reason": event.get("done_reason") or
+                "stop"
+            }]
         return [{"text": event.get("response") or ""}]
     return event.get("choices") or []
 
@@ -146,7 +162,10 @@ def _infill_choices(event: dict, rec: RequestRecord) -> list[dict]:
     rec.cached_tokens = event.get("tokens_cached", rec.cached_tokens)
     if event.get("stop"):
         rec.tokens = event.get("tokens_predicted", rec.tokens)
-        return [{"text": event.get("content") or "", "finish_reason": event.get("finish_reason") or "stop"}]
+        return [{
+            "text": event.get("content") or "", "finish_reason": event.get("finish_reason") or
+            "stop"
+        }]
     return [{"text": event.get("content") or ""}]
 
 
@@ -158,15 +177,18 @@ def _delta_text(choice: dict) -> str:
 
 async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict, rec: RequestRecord,
                             clock, first_token_deadline_s: float | None = None,
-                            total_deadline_s: float | None = None, session: str | None = None) -> RequestRecord:
-    """POST /v1/completions with stream=true, filling `rec`. Past `first_token_deadline_s` without a token, or
-    `total_deadline_s` overall, the stream is closed; if the calling task is cancelled (a newer keystroke), the
-    stream is closed and CancelledError propagates. rec.outcome: the rule of warmpath.client.outcome."""
+                            total_deadline_s: float | None = None,
+                            session: str | None = None) -> RequestRecord:
+    """POST /v1/completions with stream=true, filling `rec`. Past `first_token_deadline_s` without a
+    token, or `total_deadline_s` overall, the stream is closed; if the calling task is cancelled (a
+    newer keystroke), the stream is closed and CancelledError propagates. rec.outcome: the rule of
+    warmpath.client.outcome."""
     headers = target.headers()
     if session:
         headers["X-Session-Id"] = session
     if total_deadline_s is not None:
-        headers["X-Deadline-Ms"] = f"{total_deadline_s * 1000:.0f}"  # the server stops working on it too
+        # the server stops working on it too
+        headers["X-Deadline-Ms"] = f"{total_deadline_s * 1000:.0f}"
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     if target.model:
         body.setdefault("model", target.model)
@@ -179,8 +201,8 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
     def end(cancelled_at: float | None = None) -> None:
         if rec.error is None:
             rec.tokens = rec.tokens or chunks  # usage when the server sent it
-        rec.outcome = outcome(rec.kind, rec.first_token, cancelled_at=cancelled_at, finish_reason=rec.finish_reason,
-                              error=rec.error)
+        rec.outcome = outcome(rec.kind, rec.first_token, cancelled_at=cancelled_at,
+                              finish_reason=rec.finish_reason, error=rec.error)
 
     try:
         async with asyncio.timeout_at(None if first is None else start + first) as timer:
@@ -205,7 +227,8 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                     if usage:
                         rec.tokens = usage.get("completion_tokens", rec.tokens)
                         rec.prompt_tokens = usage.get("prompt_tokens")
-                        rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                        rec.cached_tokens = (usage.get("prompt_tokens_details") or
+                                             {}).get("cached_tokens")
                     for choice in _choices(event, rec, target.protocol):
                         text = _delta_text(choice)
                         if text:

@@ -1,7 +1,8 @@
-"""`EditorClient`: the editor plugin over real HTTP. An `EditorSession` (editor.py) decides; this drives it with
-asyncio: a task per debounce that sleeps until the session's timer is due, then streams what it says to send;
-a keystroke cancels that task (a debounce not yet due, or the stream: closing it makes the server abort).
-The session's first-token deadline is enforced by `stream_completion`'s own timer."""
+"""`EditorClient`: the editor plugin over real HTTP. An `EditorSession` (editor.py) decides; this
+drives it with asyncio: a task per debounce that sleeps until the session's timer is due, then
+streams what it says to send; a keystroke cancels that task (a debounce not yet due, or the stream:
+closing it makes the server abort). The session's first-token deadline is enforced by
+`stream_completion`'s own timer."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from warmpath.config import ClientConfig
 
 
 class EditorClient:
-    """One developer's plugin. Call keystroke() at each key with the document around the new cursor."""
+    """One developer's plugin. Call keystroke() at each key with the document around the new
+    cursor."""
 
     def __init__(self, http: httpx.AsyncClient, target: Target, session: str, config: ClientConfig,
                  records: list[RequestRecord], clock):
@@ -33,9 +35,11 @@ class EditorClient:
         return self.editor.requests_sent
 
     def keystroke(self, prefix: str, suffix: str = "", expected: str | None = None) -> None:
-        self.editor.keystroke(self.clock(), prefix, suffix, expected)  # a Cancel is the task's cancel below
+        # a Cancel is the task's cancel below
+        self.editor.keystroke(self.clock(), prefix, suffix, expected)
         if self._pending is not None and not self._pending.done():
-            self._pending.cancel()  # streaming: closes the stream, the server aborts; else a debounce not yet due
+            # streaming: closes the stream, the server aborts; else a debounce not yet due
+            self._pending.cancel()
         self._pending = asyncio.create_task(self._debounced(self.editor.due))
 
     async def _debounced(self, due: float) -> None:
@@ -43,8 +47,8 @@ class EditorClient:
         send = self.editor.timer(due)
         if send is None:
             return
-        rec = RequestRecord(self.session, "editor", self.clock(), prompt_chars=len(send.body["prompt"]),
-                            expected=send.expected)
+        rec = RequestRecord(self.session, "editor", self.clock(),
+                            prompt_chars=len(send.body["prompt"]), expected=send.expected)
         self.records.append(rec)
         await stream_completion(self.http, self.target, send.body, rec, self.clock,
                                 first_token_deadline_s=send.first_token_deadline_s,

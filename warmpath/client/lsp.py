@@ -1,15 +1,16 @@
-"""`warmpath lsp`: a language server on stdio (pygls) that asks `warmpath serve` or `warmpath route` for code
-completions, for editors that speak LSP: `textDocument/inlineCompletion` (LSP 3.18: Neovim 0.12's
-`vim.lsp.inline_completion`, Helix) and `textDocument/completion` (one item, the same text).
+"""`warmpath lsp`: a language server on stdio (pygls) that asks `warmpath serve` or `warmpath route`
+for code completions, for editors that speak LSP: `textDocument/inlineCompletion` (LSP 3.18: Neovim
+0.12's `vim.lsp.inline_completion`, Helix) and `textDocument/completion` (one item, the same text).
 
-Documents are synced incrementally (pygls keeps them). At a request the text before and after the cursor goes to
-/v1/completions as `prompt` and `suffix`, the other open documents (most recently edited first) as repository
-context (`extra`), under a session of its own (X-Session-Id, so a router keeps it on the node where its prefix is
-warm). A request first waits the debounce; a newer request for the same document, or `$/cancelRequest`, cancels
-it, which closes its HTTP stream, so the server aborts the decode at once. Past the deadline the answer is empty:
-silence, never an error. Where the answer ends is the server's completion scope. Settings come from the
-command's flags, overridden by the client's `initializationOptions` (`url`, `apiKey`, `model`, `maxTokens`,
-`debounceMs`, `deadlineMs`, `contextFiles`, `contextSecrets`). Open documents named like secrets (`.env`, keys,
+Documents are synced incrementally (pygls keeps them). At a request the text before and after the
+cursor goes to /v1/completions as `prompt` and `suffix`, the other open documents (most recently
+edited first) as repository context (`extra`), under a session of its own (X-Session-Id, so a router
+keeps it on the node where its prefix is warm). A request first waits the debounce; a newer request
+for the same document, or `$/cancelRequest`, cancels it, which closes its HTTP stream, so the server
+aborts the decode at once. Past the deadline the answer is empty: silence, never an error. Where the
+answer ends is the server's completion scope. Settings come from the command's flags, overridden by
+the client's `initializationOptions` (`url`, `apiKey`, `model`, `maxTokens`, `debounceMs`,
+`deadlineMs`, `contextFiles`, `contextSecrets`). Open documents named like secrets (`.env`, keys,
 tokens: secret_files.py) never go as context unless `contextSecrets` is true.
 """
 
@@ -24,16 +25,26 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from warmpath.client.completion import DROPPED, ERROR, RequestRecord, Target, monotonic_clock, stream_completion
+from warmpath.client.completion import (
+    DROPPED,
+    ERROR,
+    RequestRecord,
+    Target,
+    monotonic_clock,
+    stream_completion,
+)
 from warmpath.client.secret_files import looks_secret
 from warmpath.config import ClientConfig
 
-if TYPE_CHECKING:  # pygls and lsprotocol load when the server starts, not with every warmpath command
+if TYPE_CHECKING:
+    # pygls and lsprotocol load when the server starts, not with every warmpath command
     from lsprotocol import types
     from pygls.lsp.server import LanguageServer
 
 # initializationOptions keys (the editor's camelCase) -> (Settings field, the JSON types it takes)
-TEXT, WHOLE, NUMBER, FLAG = (str, "a string"), (int, "an integer"), (int | float, "a number"), (bool, "a boolean")
+TEXT, WHOLE, NUMBER, FLAG = (str, "a string"), (int, "an integer"), (int | float,
+                                                                     "a number"), (bool,
+                                                                                   "a boolean")
 OPTIONS = {"url": ("url", TEXT), "apiKey": ("api_key", TEXT), "model": ("model", TEXT),
            "maxTokens": ("max_tokens", WHOLE), "debounceMs": ("debounce_ms", NUMBER),
            "deadlineMs": ("deadline_ms", NUMBER), "contextFiles": ("context_files", WHOLE),
@@ -47,15 +58,18 @@ class Settings:
     model: str | None = None  # None: the server's own
     max_tokens: int = 128
     debounce_ms: float = ClientConfig.debounce_ms
-    deadline_ms: float = ClientConfig.max_time_ms  # the whole answer; forwarded so the server stops too
+    # the whole answer; forwarded so the server stops too
+    deadline_ms: float = ClientConfig.max_time_ms
     context_files: int = 4  # other open documents sent as repository context
-    context_secrets: bool = False  # send documents named like secrets (secret_files.py) as context too
+    # send documents named like secrets (secret_files.py) as context too
+    context_secrets: bool = False
     prefix_chars: int = 8000
     suffix_chars: int = 2000
     context_chars: int = 4000  # of each other document
 
     def updated(self, options: object) -> Settings:
-        """These settings with the client's initializationOptions over them (unknown keys are ignored)."""
+        """These settings with the client's initializationOptions over them (unknown keys are
+        ignored)."""
         if not isinstance(options, dict):
             return self
         given = {}
@@ -63,19 +77,21 @@ class Settings:
             if key not in OPTIONS or value is None:
                 continue
             name, (kind, words) = OPTIONS[key]
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):  # true is no 1
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                # true is no 1
                 raise ValueError(f"initializationOptions.{key} must be {words}, got {value!r}")
             given[name] = value
         return replace(self, **given)
 
 
 class Completer:
-    """What the server does for a request: the prompt around the cursor, one in-flight request per document,
-    the HTTP call. Its clients are the LSP handlers below."""
+    """What the server does for a request: the prompt around the cursor, one in-flight request per
+    document, the HTTP call. Its clients are the LSP handlers below."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.edited: dict[str, float] = {}  # uri -> when last opened or edited (the context's order)
+        # uri -> when last opened or edited (the context's order)
+        self.edited: dict[str, float] = {}
         self.inflight: dict[str, asyncio.Task] = {}  # uri -> the request now waiting or streaming
         self.session = f"lsp-{os.getpid()}"
         self.clock = monotonic_clock()
@@ -89,8 +105,9 @@ class Completer:
 
     def context(self, ls: LanguageServer, uri: str) -> list[dict]:
         s = self.settings
-        others = sorted((u for u in self.edited if u != uri and (s.context_secrets or not looks_secret(u))),
-                        key=self.edited.get, reverse=True)[:s.context_files]
+        others = sorted(
+            (u for u in self.edited if u != uri and (s.context_secrets or not looks_secret(u))),
+            key=self.edited.get, reverse=True)[:s.context_files]
         files = []
         for other in others:
             doc = ls.workspace.get_text_document(other)
@@ -98,8 +115,8 @@ class Completer:
         return files
 
     async def complete(self, ls: LanguageServer, uri: str, position: types.Position) -> str:
-        """The completion at `position`, "" when there is none in time. A newer request for the same document
-        cancels this one (asyncio.CancelledError out of here, its stream closed)."""
+        """The completion at `position`, "" when there is none in time. A newer request for the same
+        document cancels this one (asyncio.CancelledError out of here, its stream closed)."""
         previous = self.inflight.get(uri)
         if previous is not None and not previous.done():
             previous.cancel()
@@ -110,14 +127,18 @@ class Completer:
             doc = ls.workspace.get_text_document(uri)
             cursor = doc.offset_at_position(position)
             s = self.settings
-            body = {"prompt": doc.source[max(0, cursor - s.prefix_chars):cursor],
-                    "suffix": doc.source[cursor:cursor + s.suffix_chars], "max_tokens": s.max_tokens,
-                    "temperature": 0.0}
+            body = {
+                "prompt": doc.source[max(0, cursor - s.prefix_chars):cursor],
+                "suffix": doc.source[cursor:cursor + s.suffix_chars], "max_tokens": s.max_tokens,
+                "temperature": 0.0
+            }
             extra = self.context(ls, uri)
             if extra:
                 body["extra"] = extra
-            rec = RequestRecord(self.session, "editor", self.clock(), prompt_chars=len(body["prompt"]))
-            await stream_completion(await self._http(), Target(s.url, s.model, s.api_key), body, rec, self.clock,
+            rec = RequestRecord(self.session, "editor", self.clock(),
+                                prompt_chars=len(body["prompt"]))
+            await stream_completion(await self._http(), Target(s.url, s.model,
+                                                               s.api_key), body, rec, self.clock,
                                     total_deadline_s=s.deadline_ms / 1000, session=self.session)
         finally:
             if self.inflight.get(uri) is task:
@@ -125,9 +146,11 @@ class Completer:
         if rec.outcome == ERROR:
             from lsprotocol import types
 
-            ls.window_log_message(types.LogMessageParams(types.MessageType.Warning, f"warmpath: {rec.error}"))
+            ls.window_log_message(
+                types.LogMessageParams(types.MessageType.Warning, f"warmpath: {rec.error}"))
             return ""
-        if rec.outcome == DROPPED or rec.finish_reason in ("deadline", "overloaded", "client_deadline"):
+        if rec.outcome == DROPPED or rec.finish_reason in ("deadline", "overloaded",
+                                                           "client_deadline"):
             return ""  # late: silence
         return rec.text
 
@@ -147,7 +170,8 @@ def create_server(settings: Settings) -> LanguageServer:
     from lsprotocol import types
     from pygls.lsp.server import LanguageServer
 
-    server = LanguageServer("warmpath-lsp", "0.1.0", text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+    server = LanguageServer("warmpath-lsp", "0.1.0",
+                            text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
     completer = Completer(settings)
     server.completer = completer  # for tests and embedding
 
@@ -172,17 +196,21 @@ def create_server(settings: Settings) -> LanguageServer:
                                 ) -> types.InlineCompletionList:
         text = await completer.complete(ls, params.text_document.uri, params.position)
         here = types.Range(params.position, params.position)
-        return types.InlineCompletionList(items=[types.InlineCompletionItem(insert_text=text, range=here)] if text
-                                          else [])
+        return types.InlineCompletionList(
+            items=[types.InlineCompletionItem(insert_text=text, range=here)] if text else [])
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())
-    async def completion(ls: LanguageServer, params: types.CompletionParams) -> types.CompletionList:
+    async def completion(ls: LanguageServer,
+                         params: types.CompletionParams) -> types.CompletionList:
         text = await completer.complete(ls, params.text_document.uri, params.position)
         here = types.Range(params.position, params.position)
-        items = [types.CompletionItem(label=text.strip().split("\n", 1)[0][:80] or text, detail="warmpath",
-                                      kind=types.CompletionItemKind.Text, text_edit=types.TextEdit(here, text))
-                 ] if text.strip() else []
-        return types.CompletionList(is_incomplete=True, items=items)  # asked again as the developer types
+        items = [
+            types.CompletionItem(label=text.strip().split("\n", 1)[0][:80] or text,
+                                 detail="warmpath", kind=types.CompletionItemKind.Text,
+                                 text_edit=types.TextEdit(here, text))
+        ] if text.strip() else []
+        # asked again as the developer types
+        return types.CompletionList(is_incomplete=True, items=items)
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: LanguageServer, params: None) -> None:
@@ -195,7 +223,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Settings()
     p.add_argument("--url", default=d.url, help="warmpath serve or warmpath route")
     p.add_argument("--api-key", default=d.api_key, help="sent as Authorization: Bearer")
-    p.add_argument("--model", default=d.model, help="the model name to send (default: the server's)")
+    p.add_argument("--model", default=d.model,
+                   help="the model name to send (default: the server's)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="the longest suggestion")
     p.add_argument("--debounce-ms", type=float, default=d.debounce_ms,
                    help="a request waits this long for the next keystroke")
@@ -203,13 +232,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the whole answer: later, the completion is empty (and the server stops)")
     p.add_argument("--context-files", type=int, default=d.context_files,
                    help="other open documents sent as repository context")
-    p.add_argument("--context-secrets", action="store_true",
-                   help="also send open documents named like secrets (.env, *.pem, id_*, *token*) as context")
+    p.add_argument(
+        "--context-secrets", action="store_true",
+        help="also send open documents named like secrets (.env, *.pem, id_*, *token*) as context")
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = Settings(url=args.url, api_key=args.api_key, model=args.model, max_tokens=args.max_tokens,
-                        debounce_ms=args.debounce_ms, deadline_ms=args.deadline_ms, context_files=args.context_files,
+    settings = Settings(url=args.url, api_key=args.api_key, model=args.model,
+                        max_tokens=args.max_tokens, debounce_ms=args.debounce_ms,
+                        deadline_ms=args.deadline_ms, context_files=args.context_files,
                         context_secrets=args.context_secrets)
     create_server(settings).start_io()
     return 0

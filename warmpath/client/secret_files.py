@@ -1,8 +1,10 @@
-"""Which files look like secrets: `warmpath lsp` sends none of them as another document's context unless told to
-(`contextSecrets`), so a `.env` open beside the code does not go to the server with every keystroke.
+"""Which files look like secrets: `warmpath lsp` sends none of them as another document's context
+unless told to (`contextSecrets`), so a `.env` open beside the code does not go to the server with
+every keystroke.
 
-By the file's name alone, case-insensitive: `.env*`, `*.pem`, `*.key`, SSH keys (`id_*` without an extension,
-or `.pub`), and names containing `secret`, `credential` or `token` (not `tokenize*`: a tokenizer is code).
+By the file's name alone, case-insensitive: `.env*`, `*.pem`, `*.key`, SSH keys (`id_*` without an
+extension, or `.pub`), and names containing `secret`, `credential` or `token` (not `tokenize*`: a
+tokenizer is code).
 """
 
 from __future__ import annotations

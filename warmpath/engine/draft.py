@@ -1,12 +1,13 @@
-"""The `draft` proposer: a second, smaller model with the same tokenizer guesses each request's next k tokens
-greedily. One batched forward per guessed position over every guessing request, in the draft's own paged KV
-cache (its own blocks, freed with the request).
+"""The `draft` proposer: a second, smaller model with the same tokenizer guesses each request's next
+k tokens greedily. One batched forward per guessed position over every guessing request, in the
+draft's own paged KV cache (its own blocks, freed with the request).
 
-The draft's cache holds K/V for the tokens it was fed: the request's real tokens, then its own guesses. Before
-the next proposal, the part that still agrees with the request (its real tokens, and the guesses the target
-kept) stays; the rest is fed again. So a rejected guess's K/V is never read, and nothing needs rolling back.
-The draft runs on the native kernel (int8 activations) where it builds; what one guess costs is measured, and the
-speculator guesses only as far as that pays (speculative.choose_drafts).
+The draft's cache holds K/V for the tokens it was fed: the request's real tokens, then its own
+guesses. Before the next proposal, the part that still agrees with the request (its real tokens, and
+the guesses the target kept) stays; the rest is fed again. So a rejected guess's K/V is never read,
+and nothing needs rolling back. The draft runs on the native kernel (int8 activations) where it
+builds; what one guess costs is measured, and the speculator guesses only as far as that pays
+(speculative.choose_drafts).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from warmpath.stats import MovingAverage
 
 log = logging.getLogger(__name__)
 
-# The draft sees a request's last WINDOW tokens when it starts guessing for it, not its whole prompt: a 2,000-token
-# agent prompt would cost the draft a prefill longer than the decode it shortens. Local context guesses code well.
+# The draft sees a request's last WINDOW tokens when it starts guessing for it, not its whole
+# prompt: a 2,000-token agent prompt would cost the draft a prefill longer than the decode it
+# shortens. Local context guesses code well.
 WINDOW = 128
 
 
@@ -38,30 +40,38 @@ WINDOW = 128
 class DraftState:
     """One request in the draft's cache."""
 
-    start: int = 0  # the request's first token in the draft's cache (its context: WINDOW tokens at most at first)
+    # the request's first token in the draft's cache (its context: WINDOW tokens at most at first)
+    start: int = 0
     blocks: list[int] = field(default_factory=list)
-    fed: list[int] = field(default_factory=list)  # the token ids whose K/V the draft's cache holds, in order
-    real: int = 0  # how many of `fed` were the request's own tokens (the rest: guesses) when last fed
+    # the token ids whose K/V the draft's cache holds, in order
+    fed: list[int] = field(default_factory=list)
+    # how many of `fed` were the request's own tokens (the rest: guesses) when last fed
+    real: int = 0
 
 
 class DraftProposer:
     def __init__(self, model: str, vocab_size: int, num_blocks: int = 1024, block_size: int = 16):
         ckpt = load_checkpoint(model, torch.float32)
         if ckpt.config.vocab_size != vocab_size:
-            raise ValueError(f"the draft model {model!r} has {ckpt.config.vocab_size} tokens, the model "
-                             f"{vocab_size}: a draft must share the model's tokenizer")
+            raise ValueError(
+                f"the draft model {model!r} has {ckpt.config.vocab_size} tokens, the model "
+                f"{vocab_size}: a draft must share the model's tokenizer")
         self.runner = _draft_runner(ckpt, num_blocks, block_size)
         self.block_size, self.max_len = block_size, ckpt.config.max_position_embeddings
         self.free = list(range(num_blocks))
         self.states: dict[str, DraftState] = {}
-        self._guess_time = MovingAverage()  # one batched guess (a draft forward), as measured: what a guess costs
+        # one batched guess (a draft forward), as measured: what a guess costs
+        self._guess_time = MovingAverage()
 
 
     @property
     def guess_seconds(self) -> float | None:
         return self._guess_time.value
-    def propose(self, requests: list[Request], ks: list[int], running: list[Request]) -> list[list[int]]:
-        """Up to ks[i] greedy guesses for requests[i] (fewer when the draft's pool or context has no room)."""
+
+    def propose(self, requests: list[Request], ks: list[int],
+                running: list[Request]) -> list[list[int]]:
+        """Up to ks[i] greedy guesses for requests[i] (fewer when the draft's pool or context has no
+        room)."""
         alive = {r.request_id for r in running}
         for rid in [rid for rid in self.states if rid not in alive]:  # finished, aborted, preempted
             self.forget(rid)
@@ -84,7 +94,8 @@ class DraftProposer:
             with torch.inference_mode():
                 picked = self.runner.forward(seqs).argmax(-1).tolist()
             took = time.perf_counter() - t
-            if all(len(x.token_ids) == 1 for x in seqs):  # a guess (a request's first feed computes its prompt)
+            if all(len(x.token_ids) == 1 for x in seqs):
+                # a guess (a request's first feed computes its prompt)
                 self._guess_time.add(took)
             nxt, nxt_who = [], []
             for s, i, tok in zip(seqs, who, picked, strict=True):
@@ -98,7 +109,8 @@ class DraftProposer:
         return guesses
 
     def _room(self, st: DraftState, tokens: int) -> bool:
-        """Blocks for `tokens` tokens of the request, taken from the draft's pool; False if it has too few."""
+        """Blocks for `tokens` tokens of the request, taken from the draft's pool; False if it has
+        too few."""
         need = -(-tokens // self.block_size) - len(st.blocks)
         if need > len(self.free):
             return False
@@ -113,17 +125,20 @@ class DraftProposer:
 
 
 def _draft_runner(ckpt, num_blocks: int, block_size: int) -> ModelRunner:
-    """The draft's forward: the native kernel with int8 activations over a bf16 cache where it runs (a guess must
-    cost a small part of the model's own decode step, or drafting cannot pay), else torch in fp32."""
+    """The draft's forward: the native kernel with int8 activations over a bf16 cache where it runs
+    (a guess must cost a small part of the model's own decode step, or drafting cannot pay), else
+    torch in fp32."""
     try:
         kv = allocate_kv_cache(ckpt.config, num_blocks, block_size, torch.bfloat16, "cpu")
-        native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, block_size, activations="int8",
-                               source=ckpt.source)
+        native = NativeForward(ckpt.config, ckpt.weights, ckpt.quantized, kv, block_size,
+                               activations="int8", source=ckpt.source)
         return ModelRunner(None, kv, block_size, native, plan=single("native-int8"))
     except NativeKernelError as e:
         log.warning("the draft model runs in torch (slower): %s", e)
     net = LlamaForCausalLM.from_weights(ckpt.config, ckpt.weights, torch.float32, "cpu")
-    return ModelRunner(net, allocate_kv_cache(ckpt.config, num_blocks, block_size, torch.float32, "cpu"), block_size)
+    return ModelRunner(net,
+                       allocate_kv_cache(ckpt.config, num_blocks, block_size, torch.float32, "cpu"),
+                       block_size)
 
 
 def _agree(a: list[int], b: list[int]) -> int:

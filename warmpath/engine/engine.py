@@ -1,5 +1,5 @@
-"""Engine: add_request / abort / step / stats on one device. Each step: the scheduler plans, the runner
-computes, the sampler picks, the scheduler advances; outputs are reported as deltas."""
+"""Engine: add_request / abort / step / stats on one device. Each step: the scheduler plans, the
+runner computes, the sampler picks, the scheduler advances; outputs are reported as deltas."""
 
 from __future__ import annotations
 
@@ -70,36 +70,47 @@ class Engine:
             model.keep_half_width_copies(getattr(torch, config.gemv_dtype))
         ctx = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or ctx, ctx)
-        self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")  # config.KV_ELEMENT_BYTES' names
+        # config.KV_ELEMENT_BYTES' names
+        self.kv_dtype_name = str(self.kv_dtype).removeprefix("torch.")
         del ckpt  # the kernel keeps its own copies of what it reads
         heap.trim()  # the checkpoint's fp32 tensors: gone, but glibc keeps their pages otherwise
-        self.weight_bytes = (0 if native is None else native.weight_bytes) + (0 if model is None else sum(
-            t.numel() * t.element_size() for t in [*model.parameters(), *_half_copies(model)]))
+        self.weight_bytes = (0 if native is None else native.weight_bytes) + (
+            0 if model is None else sum(t.numel() * t.element_size()
+                                        for t in [*model.parameters(), *_half_copies(model)]))
         blocks = self._kv_blocks(config)
         # The prefix-cache key names the model: blocks of different models never match.
-        self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching, config.model.encode())
-        self.kv_tokens = blocks * config.block_size  # the pool's size, fixed: check() reads it from any thread
-        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype, config.device)
+        self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching,
+                              config.model.encode())
+        # the pool's size, fixed: check() reads it from any thread
+        self.kv_tokens = blocks * config.block_size
+        kv = allocate_kv_cache(self.model_config, blocks, config.block_size, self.kv_dtype,
+                               config.device)
         if native is not None:
             native.attach_kv_cache(kv)
         self.runner = ModelRunner(model, kv, config.block_size, native, config.gemv_max_rows,
                                   config.num_decode_threads, self.plan, config.thread_tuning)
         route = f"{' + '.join(self.plan.backends)}, {self.kv_dtype_name} KV, {config.device}"
-        # What a step costs, from a prompt chunk timed now (its first step) on: fed by every step (step()).
-        self.cost = StepCost.measured(prompt_speed(self.plan, route, self._time_prompt_chunk), PROMPT_CHUNK)
+        # What a step costs, from a prompt chunk timed now (its first step) on: fed by every step
+        # (step()).
+        self.cost = StepCost.measured(prompt_speed(self.plan, route, self._time_prompt_chunk),
+                                      PROMPT_CHUNK)
         self.tier: KVOffload | None = None
         if config.kv_offload_dir:
             gemv = [] if config.gemv_dtype == "none" else [f"gemv {config.gemv_dtype}"]
             computed_by = self.plan.backends + gemv  # what a block's numbers depend on
-            key = tier_key(self.source, computed_by, self.kv_dtype, config.block_size, self.model_config)
+            key = tier_key(self.source, computed_by, self.kv_dtype, config.block_size,
+                           self.model_config)
             disk = DiskTier(config.kv_offload_dir, key, parse_bytes(config.kv_offload_bytes),
                             parse_bytes(config.kv_offload_queue_bytes))
             self.tier = KVOffload(disk, kv)
             self.pool.on_cached = self.tier.save
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cost, self.tier, clock)
-        log.info("memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token sessions)",
-                 self.weight_bytes / 1e6, kv.numel() * kv.element_size() / 1e6, blocks,
-                 self.kv_dtype_name, blocks * config.block_size / 4096)
+        log.info(
+            "memory: %.0f MB of weights, %.0f MB of KV cache (%d blocks, %s; %.1f warm 4k-token "
+            "sessions)",
+            self.weight_bytes / 1e6,
+            kv.numel() * kv.element_size() / 1e6, blocks, self.kv_dtype_name,
+            blocks * config.block_size / 4096)
         self.speculator = None if config.speculative_method == "none" else \
             Speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.requests: dict[str, Request] = {}
@@ -108,9 +119,10 @@ class Engine:
         self.heap = heap.HeapTrimmer()  # called by the step loop when it has nothing to do
 
     def _time_prompt_chunk(self) -> float:
-        """Seconds per token of a PROMPT_CHUNK-token prompt chunk, timed on free blocks (the best of three tries: the
-        first allocates): the scheduler's first measured step, so the chunk a paced step holds and the FIM suffix a
-        prompt keeps (api/fim.suffix_budget) are known before the first request."""
+        """Seconds per token of a PROMPT_CHUNK-token prompt chunk, timed on free blocks (the best of
+        three tries: the first allocates): the scheduler's first measured step, so the chunk a paced
+        step holds and the FIM suffix a prompt keeps (api/fim.suffix_budget) are known before the
+        first request."""
         tokens = min(PROMPT_CHUNK, (self.pool.num_blocks - 1) * self.pool.block_size)
         blocks = self.pool.allocate(-(-tokens // self.pool.block_size))
         seq = SeqInput([1 + i % 100 for i in range(tokens)], 0, blocks)
@@ -125,14 +137,16 @@ class Engine:
         return best / tokens
 
     def _kv_blocks(self, config: EngineConfig) -> int:
-        """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and the largest
-        step's working buffers (models/footprint.py, the simulator's accounting too); else kv_cache_memory."""
+        """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and
+        the largest step's working buffers (models/footprint.py, the simulator's accounting too);
+        else kv_cache_memory."""
         per_block = self.model_config.kv_bytes_per_token(self.kv_dtype_name) * config.block_size
         if config.num_kv_blocks or not config.memory_budget:
             return num_kv_blocks(config, self.model_config, self.kv_dtype)
         working = working_bytes(self.model_config, config.scheduler.max_num_batched_tokens,
                                 config.scheduler.max_num_seqs)
-        return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working, per_block)
+        return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working,
+                              per_block)
 
     def close(self) -> None:
         """Finish what is being written to the KV tier (a restart then finds every block)."""
@@ -143,17 +157,17 @@ class Engine:
     def model(self) -> LlamaForCausalLM:
         return self.runner.model
 
-    # -- requests --------------------------------------------------------------------------------------
+    # -- requests ----------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request; it joins the batch at the next step. ValueError / PromptTooLongError for one that can
-        never run (check())."""
+        """Queue a request; it joins the batch at the next step. ValueError / PromptTooLongError for
+        one that can never run (check())."""
         self.check(request)
         self.enqueue(request)
 
     def check(self, request: EngineRequest) -> None:
-        """Raise ValueError / PromptTooLongError for a request that can never run: the one validation of a request
-        (add_request here, AsyncEngine.submit in the event loop). Changes nothing and reads no state a step
-        changes, so any thread may call it."""
+        """Raise ValueError / PromptTooLongError for a request that can never run: the one
+        validation of a request (add_request here, AsyncEngine.submit in the event loop). Changes
+        nothing and reads no state a step changes, so any thread may call it."""
         ids, params = request.prompt_token_ids, request.params
         if not ids:
             raise ValueError("empty prompt")
@@ -165,13 +179,16 @@ class Engine:
         n = len(ids)
         if n >= self.max_model_len:
             raise PromptTooLongError(
-                f"prompt of {n} tokens leaves no room to generate within max_model_len {self.max_model_len}"
+                f"prompt of {n} tokens leaves no room to generate within max_model_len "
+                f"{self.max_model_len}"
             )
         if -(-(n + 1) // self.config.block_size) * self.config.block_size > self.kv_tokens:
-            raise PromptTooLongError(f"prompt of {n} tokens does not fit the KV pool ({self.kv_tokens} tokens)")
+            raise PromptTooLongError(
+                f"prompt of {n} tokens does not fit the KV pool ({self.kv_tokens} tokens)")
 
     def enqueue(self, request: EngineRequest) -> None:
-        """Queue a request check() passed already (AsyncEngine.submit checks it in the caller's thread)."""
+        """Queue a request check() passed already (AsyncEngine.submit checks it in the caller's
+        thread)."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         ids, params = list(request.prompt_token_ids), request.params
@@ -197,7 +214,8 @@ class Engine:
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
-        """Finish a request in any state; its blocks return to the pool now. False if unknown/finished."""
+        """Finish a request in any state; its blocks return to the pool now. False if
+        unknown/finished."""
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return False
@@ -206,20 +224,23 @@ class Engine:
         return True
 
     def warm_up(self, request: EngineRequest) -> None:
-        """A request refused unrun: its session's prompt computed on at the lowest priority for its next request
-        (Scheduler.warm_up), and the session counted as quick if its prompt was nearly all cached."""
+        """A request refused unrun: its session's prompt computed on at the lowest priority for its
+        next request (Scheduler.warm_up), and the session counted as quick if its prompt was nearly
+        all cached."""
         r = request
         self.scheduler.note_arrival(r.session_id, r.prompt_token_ids, r.cache_salt)
-        self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt, r.tenant)
+        self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt,
+                               r.tenant)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._finished_unreported)
 
-    # -- one step --------------------------------------------------------------------------------------
+    # -- one step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running_requests(), self.scheduler.num_waiting > 0)
+            self.speculator.propose(self.scheduler.running_requests(), self.scheduler.num_waiting
+                                    > 0)
         batch = self.scheduler.schedule()
         finished = self._finished_unreported + batch.finished
         self._finished_unreported = []
@@ -232,14 +253,19 @@ class Engine:
             try:
                 seqs = self._inputs(batch)
                 logits = self.runner.forward(seqs)
-                if self.speculator and all(len(x.token_ids) == 1 for x in seqs):  # what such a step costs here
+                if self.speculator and all(len(x.token_ids) == 1 for x in seqs):
+                    # what such a step costs here
                     self.speculator.decode_times.record(len(seqs), time.perf_counter() - t)
                 tokens, logprobs = self._sample(sampling, logits)
-                self.cost.record(batch.num_tokens, time.perf_counter() - start)  # the step's whole time, once
-            except Exception as e:  # fail this step's requests, not the engine: the others keep running
-                log.exception("step failed; finishing its %d requests with an error", len(batch.chunks))
+                # the step's whole time, once
+                self.cost.record(batch.num_tokens, time.perf_counter() - start)
+            except Exception as e:
+                # fail this step's requests, not the engine: the others keep running
+                log.exception("step failed; finishing its %d requests with an error",
+                              len(batch.chunks))
                 for c in batch.chunks:
-                    self.scheduler.finish(c.request, FinishReason.ERROR, f"internal error in the model step: {e!r}")
+                    self.scheduler.finish(c.request, FinishReason.ERROR,
+                                          f"internal error in the model step: {e!r}")
                     finished.append(c.request)
                 self.num_steps += 1
                 return self._report([], finished)
@@ -256,27 +282,33 @@ class Engine:
         return self._report(progressed, finished)
 
     def _inputs(self, batch: StepBatch) -> list[SeqInput]:
-        """The step's sequences for the runner. A verified decode is its last token and its guesses as decode
-        rows, one per position, each attending over the context before it: the numbers a plain decode of each
-        of those tokens would compute (every backend writes a step's K/V before reading it), so a guess is kept
-        exactly where the model without speculation would have produced it."""
+        """The step's sequences for the runner. A verified decode is its last token and its guesses
+        as decode rows, one per position, each attending over the context before it: the numbers a
+        plain decode of each of those tokens would compute (every backend writes a step's K/V before
+        reading it), so a guess is kept exactly where the model without speculation would have
+        produced it."""
         seqs = []
         for c in batch.chunks:
             req = c.request
             if c.num_drafts:
-                seqs += [SeqInput([t], req.num_computed_tokens + j, req.block_ids) for j, t in enumerate(c.token_ids)]
+                seqs += [
+                    SeqInput([t], req.num_computed_tokens + j, req.block_ids)
+                    for j, t in enumerate(c.token_ids)
+                ]
             else:
                 seqs.append(SeqInput(c.token_ids, req.num_computed_tokens, req.block_ids, c.sample))
         return seqs
 
     @functools.cached_property
-    def healer(self) -> Healer:  # built at the first request that heals, or by the server at its start
+    def healer(self) -> Healer:
+        # built at the first request that heals, or by the server at its start
         return Healer(self.tokenizer.token_bytes)
 
-    def _sample(self, sampling: list, logits: torch.Tensor) -> tuple[list[list[int]], list[list | None]]:
-        """Per sampling chunk: its tokens (one; or for a verified decode, each guess kept while it equals what
-        is sampled at its position, then the sampled token that differs or follows: the model's own
-        distribution, guess or not) and their logprobs when asked for."""
+    def _sample(self, sampling: list,
+                logits: torch.Tensor) -> tuple[list[list[int]], list[list | None]]:
+        """Per sampling chunk: its tokens (one; or for a verified decode, each guess kept while it
+        equals what is sampled at its position, then the sampled token that differs or follows: the
+        model's own distribution, guess or not) and their logprobs when asked for."""
         rows, row = [], 0
         for c in sampling:
             rows.append(range(row, row + 1 + c.num_drafts))
@@ -284,7 +316,8 @@ class Engine:
         plain = [i for i, c in enumerate(sampling) if not c.num_drafts]
         tokens: list[list[int]] = [[] for _ in sampling]
         if plain:
-            first, reqs = logits[[rows[i][0] for i in plain]], [sampling[i].request for i in plain]  # rows: a copy
+            # rows: a copy
+            first, reqs = logits[[rows[i][0] for i in plain]], [sampling[i].request for i in plain]
             healing = any(r.heal_left for r in reqs) and self.healer
             if healing:
                 healing.mask(first, reqs)
@@ -295,14 +328,16 @@ class Engine:
                 tokens[i] = [tok]
         for i, c in enumerate(sampling):
             if c.num_drafts:
-                tokens[i] = self.speculator.verify(c.request, logits[rows[i].start : rows[i].stop], c.token_ids[1:])
+                tokens[i] = self.speculator.verify(c.request, logits[rows[i].start:rows[i].stop],
+                                                   c.token_ids[1:])
         logprobs = [None if c.request.params.logprobs is None else token_logprobs(
             logits[r.start : r.start + len(t)], [c.request.params] * len(t), t)
             for c, r, t in zip(sampling, rows, tokens, strict=True)]
         return tokens, logprobs
 
     def _report(self, progressed: list[Request], finished: list[Request]) -> list[RequestOutput]:
-        progressed, finished = [r for r in progressed if not r.warmup], [r for r in finished if not r.warmup]
+        progressed, finished = [r for r in progressed
+                                if not r.warmup], [r for r in finished if not r.warmup]
         outputs = [self._output(r) for r in progressed] + [self._output(r) for r in finished]
         for r in finished:
             self.requests.pop(r.request_id, None)
@@ -312,7 +347,8 @@ class Engine:
 
     def _output(self, req: Request) -> RequestOutput:
         new = req.output_token_ids[req.num_sent_tokens :]
-        new_logprobs = req.output_logprobs[req.num_sent_tokens :] if req.params.logprobs is not None else None
+        new_logprobs = req.output_logprobs[
+            req.num_sent_tokens:] if req.params.logprobs is not None else None
         req.num_sent_tokens = len(req.output_token_ids)
         text = ""
         if req.finished:

@@ -1,7 +1,8 @@
-"""Token healing. A prompt that ends inside a word ends on a token the model rarely saw there: the anchored FIM
-layout (api/fim.py) puts the cursor's line after the middle marker, so "return fi" ends on "fi", and the model goes
-on as if "fi" were the whole name. The server takes the prompt's last token back (SamplingParams.heal holds its
-text) and the completion's first tokens must spell those bytes again: the model chooses the tokenization ("fib")."""
+"""Token healing. A prompt that ends inside a word ends on a token the model rarely saw there: the
+anchored FIM layout (api/fim.py) puts the cursor's line after the middle marker, so "return fi" ends
+on "fi", and the model goes on as if "fi" were the whole name. The server takes the prompt's last
+token back (SamplingParams.heal holds its text) and the completion's first tokens must spell those
+bytes again: the model chooses the tokenization ("fib")."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 
 
 class Healer:
-    """Which tokens may come next while `heal` (bytes still to spell) is not spelled: those that begin with all of
-    it, and those that are a part of its start. Built once per tokenizer from each token's bytes."""
+    """Which tokens may come next while `heal` (bytes still to spell) is not spelled: those that
+    begin with all of it, and those that are a part of its start. Built once per tokenizer from each
+    token's bytes."""
 
     def __init__(self, pieces: list[bytes | None]):
         self.pieces = pieces
@@ -21,7 +23,8 @@ class Healer:
         self._cache: dict[bytes, torch.Tensor] = {}
 
     def allowed(self, heal: bytes) -> torch.Tensor:
-        """The token ids that keep the completion on `heal` (never empty for a piece of the vocabulary)."""
+        """The token ids that keep the completion on `heal` (never empty for a piece of the
+        vocabulary)."""
         if heal not in self._cache:
             ids = []
             for k in range(1, len(heal)):  # the pieces that spell a part of its start
@@ -29,7 +32,8 @@ class Healer:
                 while j < len(self._keys) and self._keys[j] == heal[:k]:
                     ids.append(self._ids[j])
                     j += 1
-            j = bisect.bisect_left(self._keys, heal)  # the pieces that begin with all of it: one sorted run
+            # the pieces that begin with all of it: one sorted run
+            j = bisect.bisect_left(self._keys, heal)
             while j < len(self._keys) and self._keys[j].startswith(heal):
                 ids.append(self._ids[j])
                 j += 1

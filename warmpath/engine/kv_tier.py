@@ -1,17 +1,19 @@
-"""The disk tier of the KV cache: every prefix block the RAM pool caches is also written here (off the step
-thread), so a block the pool later evicts, or a whole pool lost to a restart, comes back by reading instead of
-recomputing. A developer back from lunch finds their file's prefix here.
+"""The disk tier of the KV cache: every prefix block the RAM pool caches is also written here (off
+the step thread), so a block the pool later evicts, or a whole pool lost to a restart, comes back by
+reading instead of recomputing. A developer back from lunch finds their file's prefix here.
 
-One file per block, `<root>/<key>/<block hash>.kv`, under a key that names everything that makes K/V valid
-(the model file, the numerics of the backends that computed it, the KV dtype, the block size; engine.py
-tier_key()). The block hash already chains the request's cache salt (block_pool.py), so one tenant's blocks
-are never found by another's hashes. A file is trusted only whole: its header repeats the key, the hash and the
-block's token ids, and a checksum covers the payload; anything else (truncated, flipped, foreign) is deleted
-and recomputed. The tier is bounded in bytes over its whole root, every key and every server on it (tier_root.py):
-stale keys' blocks go first, then the least recently used. Blocks waiting for the writer are bounded in bytes too: a
-block that does not fit is not kept on disk, and the step never waits for the disk.
+One file per block, `<root>/<key>/<block hash>.kv`, under a key that names everything that makes K/V
+valid (the model file, the numerics of the backends that computed it, the KV dtype, the block size;
+engine.py tier_key()). The block hash already chains the request's cache salt (block_pool.py), so
+one tenant's blocks are never found by another's hashes. A file is trusted only whole: its header
+repeats the key, the hash and the block's token ids, and a checksum covers the payload; anything
+else (truncated, flipped, foreign) is deleted and recomputed. The tier is bounded in bytes over its
+whole root, every key and every server on it (tier_root.py): stale keys' blocks go first, then the
+least recently used. Blocks waiting for the writer are bounded in bytes too: a block that does not
+fit is not kept on disk, and the step never waits for the disk.
 
-Pure Python over bytes (the simulator imports this module): kv_offload.py copies a block's tensors in and out.
+Pure Python over bytes (the simulator imports this module): kv_offload.py copies a block's tensors
+in and out.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ HEADER = struct.Struct(f"<{len(MAGIC)}s32s32sIQ32s")
 
 
 class KVTier(Protocol):
-    """What the scheduler restores from: kv_offload.py's over this DiskTier; the simulator's sim/tier.py."""
+    """What the scheduler restores from: kv_offload.py's over this DiskTier; the simulator's
+    sim/tier.py."""
 
     seconds_per_block: float | None  # what reading a block back costs (None: not known yet)
 
     def has(self, block_hash: bytes) -> bool: ...
 
-    def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int, ...]]) -> int:
-        """Fill these fresh pool blocks with the kept K/V of these hashes, in order; how many it filled (it stops
-        at the first block it cannot read: a damaged file is recomputed, never used)."""
+    def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int,
+                                                                                    ...]]) -> int:
+        """Fill these fresh pool blocks with the kept K/V of these hashes, in order; how many it
+        filled (it stops at the first block it cannot read: a damaged file is recomputed, never
+        used)."""
         ...
 
 
@@ -64,10 +69,12 @@ def held_in_a_row(tier: KVTier | None, hashes: list[bytes], start: int) -> int:
 class TierStats:
     blocks_written: int = 0
     blocks_read: int = 0
-    blocks_rejected: int = 0  # corrupt, truncated or foreign files: deleted, their tokens recomputed
+    # corrupt, truncated or foreign files: deleted, their tokens recomputed
+    blocks_rejected: int = 0
     blocks_evicted: int = 0  # block files deleted to keep the root's bound (any key's)
     write_errors: int = 0  # e.g. a full disk: the block stays in RAM only
-    blocks_dropped: int = 0  # not kept: the write queue was full (a slow disk), or a block is larger than the bound
+    # not kept: the write queue was full (a slow disk), or a block is larger than the bound
+    blocks_dropped: int = 0
 
 
 def _digest(payload: bytes | memoryview) -> bytes:
@@ -75,9 +82,10 @@ def _digest(payload: bytes | memoryview) -> bytes:
 
 
 class DiskTier:
-    """Blocks on disk by hash, within max_bytes over the whole root (tier_root.py). `put` queues a write (at most
-    queue_bytes of payloads wait); `has` and `read` see queued blocks too, so a block is never missing between its
-    caching and its write. Only the writer thread touches files for the bound (it alone takes the root's lock)."""
+    """Blocks on disk by hash, within max_bytes over the whole root (tier_root.py). `put` queues a
+    write (at most queue_bytes of payloads wait); `has` and `read` see queued blocks too, so a block
+    is never missing between its caching and its write. Only the writer thread touches files for the
+    bound (it alone takes the root's lock)."""
 
     def __init__(self, root: str | Path, key: str, max_bytes: int, queue_bytes: int = 256 << 20):
         self.dir = private_dir(private_dir(Path(root)) / key)  # a team's code, as token ids and K/V
@@ -86,9 +94,11 @@ class DiskTier:
         self.stats = TierStats()
         self._lock = threading.Lock()
         self._index: dict[bytes, int] = {}  # hash -> file bytes (this key's files this tier knows)
-        self._pending: dict[bytes, tuple[tuple[int, ...], bytes]] = {}  # the write queue, oldest first
+        # the write queue, oldest first
+        self._pending: dict[bytes, tuple[tuple[int, ...], bytes]] = {}
         self._queued = 0  # payload bytes in _pending
-        self._touched: set[bytes] = set()  # used again: their file times move (the root's LRU order)
+        # used again: their file times move (the root's LRU order)
+        self._touched: set[bytes] = set()
         self._doomed: set[bytes] = set()  # found bad on the step thread: deleted by the writer
         self._bytes = 0
         self._work, self._idle, self._closing = threading.Event(), threading.Event(), False
@@ -99,11 +109,13 @@ class DiskTier:
             self.root.join(self.dir)
             self._scan()
             self.root.make_room(0, self._evicted)
-        self._writer = threading.Thread(target=self._write_loop, name="warmpath-kv-tier", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name="warmpath-kv-tier",
+                                        daemon=True)
         self._writer.start()
 
     def _scan(self) -> None:
-        """What an earlier run left: indexed oldest first by modification time (checked when read)."""
+        """What an earlier run left: indexed oldest first by modification time (checked when
+        read)."""
         found = []
         for p in self.dir.glob("*.kv"):
             try:
@@ -114,12 +126,14 @@ class DiskTier:
         for _, h, size in sorted(found):
             self._index[h] = size
             self._bytes += size
-        for p in self.dir.glob("*.tmp"):  # a write cut short by a crash (not one another server is making now)
+        for p in self.dir.glob("*.tmp"):
+            # a write cut short by a crash (not one another server is making now)
             with contextlib.suppress(OSError):
                 if time.time() - p.stat().st_mtime > STALE_TMP_S:
                     p.unlink()
         if found:
-            log.info("KV tier: %d blocks (%.0f MB) found in %s", len(self._index), self._bytes / 1e6, self.dir)
+            log.info("KV tier: %d blocks (%.0f MB) found in %s", len(self._index),
+                     self._bytes / 1e6, self.dir)
 
     @property
     def num_blocks(self) -> int:
@@ -145,8 +159,9 @@ class DiskTier:
                 self._wake()
 
     def put(self, block_hash: bytes, token_ids: tuple[int, ...], payload: bytes) -> None:
-        """Keep a computed block (written by the writer thread); one already kept is only marked as used. Never
-        waits: with queue_bytes waiting already, the block is dropped (counted), RAM keeps it until evicted."""
+        """Keep a computed block (written by the writer thread); one already kept is only marked as
+        used. Never waits: with queue_bytes waiting already, the block is dropped (counted), RAM
+        keeps it until evicted."""
         if block_hash in self._index:
             self.touch(block_hash)
             return
@@ -165,8 +180,8 @@ class DiskTier:
         self._work.set()
 
     def read(self, block_hash: bytes, token_ids: tuple[int, ...], nbytes: int) -> bytes | None:
-        """The block's payload, verified (its key, hash, tokens, size and checksum), or None: a file that fails is
-        deleted and the caller recomputes the tokens."""
+        """The block's payload, verified (its key, hash, tokens, size and checksum), or None: a file
+        that fails is deleted and the caller recomputes the tokens."""
         with self._lock:
             pending = self._pending.get(block_hash)
             if pending is not None:
@@ -176,7 +191,8 @@ class DiskTier:
         path = self._path(block_hash)
         try:
             data = path.read_bytes()
-        except FileNotFoundError:  # deleted for the root's bound by another server: recomputed, nothing wrong
+        except FileNotFoundError:
+            # deleted for the root's bound by another server: recomputed, nothing wrong
             self._forget(path)
             return None
         except OSError:
@@ -184,19 +200,22 @@ class DiskTier:
         payload = self._verify(data, block_hash, token_ids, nbytes)
         if payload is None:
             self.stats.blocks_rejected += 1
-            log.warning("KV tier: block %s is corrupt, truncated or not this model's: deleted, recomputed",
-                        block_hash.hex()[:16])
+            log.warning(
+                "KV tier: block %s is corrupt, truncated or not this model's: deleted, recomputed",
+                block_hash.hex()[:16])
             self._drop(block_hash)
             return None
         self.stats.blocks_read += 1
         try:
             t = time.time_ns()
-            os.utime(path, ns=(t, t))  # the root's least recently used order is by file time (tier_root.py)
+            # the root's least recently used order is by file time (tier_root.py)
+            os.utime(path, ns=(t, t))
         except OSError:
             pass
         return payload
 
-    def _verify(self, data: bytes, block_hash: bytes, token_ids: tuple[int, ...], nbytes: int) -> bytes | None:
+    def _verify(self, data: bytes, block_hash: bytes, token_ids: tuple[int, ...],
+                nbytes: int) -> bytes | None:
         tokens_at = HEADER.size
         payload_at = tokens_at + 8 * len(token_ids)
         if len(data) != payload_at + nbytes:
@@ -222,7 +241,8 @@ class DiskTier:
             self._wake()
 
     def _forget(self, path: Path) -> None:
-        """A block file that is gone (deleted for the root's bound, by this tier or another): out of the index."""
+        """A block file that is gone (deleted for the root's bound, by this tier or another): out of
+        the index."""
         if path.parent == self.dir:
             with self._lock:
                 size = self._index.pop(bytes.fromhex(path.stem), None)
@@ -233,9 +253,11 @@ class DiskTier:
         self.stats.blocks_evicted += 1
         self._forget(path)
 
-    # -- the writer thread ----------------------------------------------------------------------------------
+    # -- the writer thread -------------------------------------------------------------------------
     def _write_loop(self) -> None:
-        try:  # the lowest CPU priority (Linux: per thread): on 2 cores, writing must not slow the steps
+        try:
+            # the lowest CPU priority (Linux: per thread): on 2 cores, writing must not slow the
+            # steps
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
@@ -251,8 +273,9 @@ class DiskTier:
                 return
 
     def _write_some(self) -> bool:
-        """The oldest queued block, with the times and deletions asked for since: under the root's lock (another
-        server holding it only delays this thread; the queue's bound keeps what waits meanwhile)."""
+        """The oldest queued block, with the times and deletions asked for since: under the root's
+        lock (another server holding it only delays this thread; the queue's bound keeps what waits
+        meanwhile)."""
         with self._lock:
             touched, doomed, self._touched, self._doomed = self._touched, self._doomed, set(), set()
             h = next(iter(self._pending), None)
@@ -283,7 +306,9 @@ class DiskTier:
         if not self.root.make_room(len(data) - old, self._evicted):  # larger than the whole bound
             self._done(h, payload, None, dropped=True)
             return
-        try:  # whole or absent under its name; not fsynced: a block torn by a power cut fails its checksum
+        try:
+            # whole or absent under its name; not fsynced: a block torn by a power cut fails its
+            # checksum
             write_atomic(path, data, durable=False)
         except OSError as e:
             self.stats.write_errors += 1
@@ -291,18 +316,22 @@ class DiskTier:
             now = time.monotonic()
             if now - self._last_error_log > 60:
                 self._last_error_log = now
-                log.warning("KV tier: cannot write to %s (%s); blocks stay in RAM only, recomputed when evicted",
-                            self.dir, e)
+                log.warning(
+                    "KV tier: cannot write to %s (%s); blocks stay in RAM only, recomputed when "
+                    "evicted",
+                    self.dir, e)
             return
         self.root.grow(len(data) - old)
-        with contextlib.suppress(OSError):  # to the nanosecond: the root's LRU order (a file system's own is coarse)
+        with contextlib.suppress(OSError):
+            # to the nanosecond: the root's LRU order (a file system's own is coarse)
             t = time.time_ns()
             os.utime(path, ns=(t, t))
         self._done(h, payload, len(data))
         self.stats.blocks_written += 1
 
     def _done(self, h: bytes, payload: bytes, size: int | None, dropped: bool = False) -> None:
-        """Out of the queue; into the index when written (at once: has() never misses it in between)."""
+        """Out of the queue; into the index when written (at once: has() never misses it in
+        between)."""
         with self._lock:
             self._pending.pop(h, None)
             self._queued -= len(payload)

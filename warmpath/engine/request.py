@@ -21,14 +21,17 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"
     DEADLINE = "deadline"
-    OVERLOADED = "overloaded"  # refused unrun: it could not start before its deadline (AsyncEngine.submit)
-    ERROR = "error"  # can never run (e.g. needs more KV blocks than the pool has); see Request.error
+    # refused unrun: it could not start before its deadline (AsyncEngine.submit)
+    OVERLOADED = "overloaded"
+    # can never run (e.g. needs more KV blocks than the pool has); see Request.error
+    ERROR = "error"
 
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"  # blocks freed (still cached); waits at the queue's front to be recomputed
+    # blocks freed (still cached); waits at the queue's front to be recomputed
+    PREEMPTED = "preempted"
     FINISHED = "finished"
 
 
@@ -48,10 +51,11 @@ class SamplingParams:
     seed: int | None = None  # per-request generator: same seed, same tokens, whatever the batch
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    # Report each sampled token's log-probability and this many top alternatives (0: its own only); None: off.
+    # Report each sampled token's log-probability and this many top alternatives (0: its own only);
+    # None: off.
     logprobs: int | None = None
-    # Token healing (engine/healing.py): text the output's first tokens must spell, the prompt's last token taken
-    # back by the caller; the output's text begins with it.
+    # Token healing (engine/healing.py): text the output's first tokens must spell, the prompt's
+    # last token taken back by the caller; the output's text begins with it.
     heal: str = ""
 
     def __post_init__(self):
@@ -68,23 +72,27 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        # Below this, logits / temperature overflows fp32; the limit of sampling there is greedy anyway.
+        # Below this, logits / temperature overflows fp32; the limit of sampling there is greedy
+        # anyway.
         return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass
 class EngineRequest:
-    """What a caller asks of the engine: the one value from the server's job to the scheduler's Request.
-    Deadlines are time.monotonic() values (the scheduler's clock), applied as engine/deadline.py says."""
+    """What a caller asks of the engine: the one value from the server's job to the scheduler's
+    Request. Deadlines are time.monotonic() values (the scheduler's clock), applied as
+    engine/deadline.py says."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     session_id: str | None = None
     deadline: float | None = None
-    cache_salt: str | None = None  # shares prefix-cache blocks only with requests of the same salt (None included)
+    # shares prefix-cache blocks only with requests of the same salt (None included)
+    cache_salt: str | None = None
     prompt_deadline: float | None = None
-    tenant: str | None = None  # whose it is (server/tenancy.py), for the warm-ups' bounds (engine/scheduler)
+    # whose it is (server/tenancy.py), for the warm-ups' bounds (engine/scheduler)
+    tenant: str | None = None
 
 
 @dataclass
@@ -109,8 +117,8 @@ class RequestMetrics:
 
 @dataclass
 class Request:
-    """One request's whole state in the engine. Tokens are prompt + outputs; K/V exists for the first
-    num_computed_tokens of them, in block_ids."""
+    """One request's whole state in the engine. Tokens are prompt + outputs; K/V exists for the
+    first num_computed_tokens of them, in block_ids."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -121,26 +129,34 @@ class Request:
     metrics: RequestMetrics
     session_id: str | None = None
     deadline: float | None = None  # EngineRequest.deadline (engine/deadline.py)
-    cache_salt: str | None = None  # mixed into its first block's hash: shares cached blocks only within a salt
-    prompt_deadline: float | None = None  # no output by then: finished with DEADLINE (EngineRequest)
-    tenant: str | None = None  # EngineRequest.tenant: its warm-up counts against this tenant's bound
+    # mixed into its first block's hash: shares cached blocks only within a salt
+    cache_salt: str | None = None
+    # no output by then: finished with DEADLINE (EngineRequest)
+    prompt_deadline: float | None = None
+    # EngineRequest.tenant: its warm-up counts against this tenant's bound
+    tenant: str | None = None
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output, when params.logprobs is set
+    # one per output, when params.logprobs is set
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of its full blocks so far
+    # chained hashes of its full blocks so far
+    block_hashes: list[bytes] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     num_tier_tokens: int = 0  # of those, read back from the KV tier
-    restoring: bool = False  # in its first admission, nothing computed yet: blocks read from the KV tier count as hits
+    # in its first admission, nothing computed yet: blocks read from the KV tier count as hits
+    restoring: bool = False
     num_preemptions: int = 0
     num_sent_tokens: int = 0  # outputs already reported by Engine.step()
     finish_reason: FinishReason | None = None
     error: str | None = None
     heal_left: bytes = b""  # of params.heal, the bytes its next tokens must still spell
-    warmup: bool = False  # the scheduler's own: a late request's prompt computed on for its session (nobody waits)
-    draft_token_ids: list[int] = field(default_factory=list)  # guessed next tokens, verified at its next step
+    # the scheduler's own: a late request's prompt computed on for its session (nobody waits)
+    warmup: bool = False
+    # guessed next tokens, verified at its next step
+    draft_token_ids: list[int] = field(default_factory=list)
     speculation: Speculation | None = None  # its proposer state (EngineConfig.speculative_method)
 
     @property
@@ -153,8 +169,9 @@ class Request:
 
     @property
     def decoding(self) -> bool:
-        """Its next row is its last output token's (a decode), not a prompt token's: a prompt's last token computed
-        alone, after a cache hit or a chunk that left one, is still the prompt's time to first token."""
+        """Its next row is its last output token's (a decode), not a prompt token's: a prompt's last
+        token computed alone, after a cache hit or a chunk that left one, is still the prompt's time
+        to first token."""
         return bool(self.output_token_ids) and self.num_computed_tokens + 1 == self.num_tokens
 
     @property

@@ -1,5 +1,6 @@
-"""Runs one step: routes each sequence to a backend (route(): the one place that decides), flattens the torch
-share into tensors (ids, positions, slot mapping, block tables), runs both, returns the logits in order."""
+"""Runs one step: routes each sequence to a backend (route(): the one place that decides), flattens
+the torch share into tensors (ids, positions, slot mapping, block tables), runs both, returns the
+logits in order."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from warmpath.models.llama import LlamaForCausalLM
 class SeqInput:
     """One sequence's share of a step."""
 
-    token_ids: list[int]  # the new tokens computed this step (a prompt chunk, or the last sampled token)
+    # the new tokens computed this step (a prompt chunk, or the last sampled token)
+    token_ids: list[int]
     num_computed: int  # tokens of this sequence already in the KV cache
     block_table: list[int]  # its blocks, in order; must cover num_computed + len(token_ids) tokens
     sample: bool = True  # want logits for the last new token (False for a non-final prefill chunk)
@@ -26,13 +28,17 @@ class SeqInput:
 
 @dataclass
 class StepRoute:
-    """How one step runs: which backend computes each sequence, on which weights, with how many threads."""
+    """How one step runs: which backend computes each sequence, on which weights, with how many
+    threads."""
 
-    native: list[int] = field(default_factory=list)  # indices of the sequences the native kernel computes
+    # indices of the sequences the native kernel computes
+    native: list[int] = field(default_factory=list)
     torch: list[int] = field(default_factory=list)  # ... and those the torch model computes
-    half_width: bool = False  # torch's share on the half-width weight copies (EngineConfig.gemv_dtype)
+    # torch's share on the half-width weight copies (EngineConfig.gemv_dtype)
+    half_width: bool = False
     threads: int = 1
-    measured: bool = False  # the thread count is ThreadChoice's (engine/threads.py): time the step for it
+    # the thread count is ThreadChoice's (engine/threads.py): time the step for it
+    measured: bool = False
 
 
 @dataclass
@@ -54,14 +60,18 @@ class ModelRunner:
         self.device = kv_cache.device
         self.native = native  # computes the sequences route() sends it
         if plan is None and native is not None:
-            raise ValueError("a runner with the native kernel needs the plan that says what it computes")
-        self.plan = plan or single("torch-fp32")  # which backend computes each shape (engine/plan.py); else torch
+            raise ValueError(
+                "a runner with the native kernel needs the plan that says what it computes")
+        # which backend computes each shape (engine/plan.py); else torch
+        self.plan = plan or single("torch-fp32")
         has_copies = model is not None and model.has_half_width_copies
         self.half_width_max_rows = half_width_max_rows if has_copies else 0
         self.threads = torch.get_num_threads()  # what prompt steps use; the count in force now
         self.all_threads = self.threads
-        self.decode_threads = decode_threads or self.threads  # decode-only steps (EngineConfig.num_decode_threads)
-        # Native-only steps: the thread count measured as the engine runs (EngineConfig.thread_tuning).
+        # decode-only steps (EngineConfig.num_decode_threads)
+        self.decode_threads = decode_threads or self.threads
+        # Native-only steps: the thread count measured as the engine runs
+        # (EngineConfig.thread_tuning).
         tune = thread_tuning and native is not None and decode_threads is None and self.all_threads > 1
         self.tuner = ThreadChoice(self.all_threads) if tune else None
 
@@ -71,20 +81,24 @@ class ModelRunner:
         decodes = sum(1 for s in seqs if len(s.token_ids) == 1)
         for i, s in enumerate(seqs):
             (route.native if self._native_computes(s, decodes) else route.torch).append(i)
-        route.half_width = sum(len(seqs[i].token_ids) for i in route.torch) <= self.half_width_max_rows
+        route.half_width = sum(len(seqs[i].token_ids)
+                               for i in route.torch) <= self.half_width_max_rows
         decode_only = all(len(s.token_ids) == 1 for s in seqs)
         route.threads = self.decode_threads if decode_only else self.all_threads
-        if self.tuner is not None and not route.torch:  # the kernel's numbers do not depend on the thread count
+        if self.tuner is not None and not route.torch:
+            # the kernel's numbers do not depend on the thread count
             route.threads, route.measured = self.tuner.threads, True
         return route
 
     def _native_computes(self, s: SeqInput, decodes: int) -> bool:
         n = len(s.token_ids)
-        chosen = self.plan.for_decode(decodes, s.num_computed + 1) if n == 1 else self.plan.for_chunk(n, s.num_computed)
+        chosen = self.plan.for_decode(decodes, s.num_computed +
+                                      1) if n == 1 else self.plan.for_chunk(n, s.num_computed)
         return chosen.startswith("native")
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return block_table[positions // self.block_size] * self.block_size + positions % self.block_size
+        return block_table[positions //
+                           self.block_size] * self.block_size + positions % self.block_size
 
     def _check(self, s: SeqInput) -> None:
         if not s.token_ids:
@@ -118,7 +132,8 @@ class ModelRunner:
                 dec_lens.append(ctx)
             else:
                 mask = None
-                if s.num_computed:  # bottom-right causal: new token j sees context up to num_computed + j
+                if s.num_computed:
+                    # bottom-right causal: new token j sees context up to num_computed + j
                     mask = (torch.arange(ctx)[None, :] <= pos[:, None]).to(self.device)
                 kv_slots = self._slots(table, torch.arange(ctx)).to(self.device)
                 prefills.append(PrefillSpan(row, row + n, kv_slots, mask))
@@ -147,9 +162,9 @@ class ModelRunner:
         )
 
     def forward(self, seqs: list[SeqInput]) -> torch.Tensor:
-        """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs. Sequences are independent
-        (each attends only to its own blocks), so each backend computes its share and the rows are put back in
-        order."""
+        """fp32 logits [number of seqs with sample=True, vocab], in the order of seqs. Sequences are
+        independent (each attends only to its own blocks), so each backend computes its share and
+        the rows are put back in order."""
         for s in seqs:
             self._check(s)
         route = self.route(seqs)
@@ -160,7 +175,8 @@ class ModelRunner:
         if route.native:
             share = [seqs[i] for i in route.native]
             before = sample() if route.measured else None
-            rows = self.native.forward([s.token_ids for s in share], [s.num_computed for s in share],
+            rows = self.native.forward([s.token_ids for s in share],
+                                       [s.num_computed for s in share],
                                        [s.block_table for s in share])
             if before is not None:
                 self.tuner.record(before, sample(), route.threads)
@@ -168,9 +184,11 @@ class ModelRunner:
         if route.torch:
             sampled = [i for i in route.torch if seqs[i].sample]
             x = self.prepare([seqs[i] for i in route.torch])
-            rows = self.model(x.input_ids, x.positions, x.meta, self.kv_cache, x.logits_rows, route.half_width)
+            rows = self.model(x.input_ids, x.positions, x.meta, self.kv_cache, x.logits_rows,
+                              route.half_width)
             logits.update(zip(sampled, rows, strict=True))
         wanted = [logits[i] for i, s in enumerate(seqs) if s.sample]
         if wanted:
             return torch.stack(wanted)
-        return torch.empty(0, self.native.vocab if self.model is None else self.model.cfg.vocab_size)
+        return torch.empty(0,
+                           self.native.vocab if self.model is None else self.model.cfg.vocab_size)

@@ -1,4 +1,5 @@
-"""Next-token sampling: greedy rows in one argmax, the rest with temperature / top-k / top-p and a generator."""
+"""Next-token sampling: greedy rows in one argmax, the rest with temperature / top-k / top-p and a
+generator."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import torch
 from warmpath.engine.request import SamplingParams, TokenLogprob
 
 
-def make_generator(params: SamplingParams, default_seed: int, device: str = "cpu") -> torch.Generator | None:
-    """A per-request generator: a seeded request samples the same tokens whatever else is in the batch."""
+def make_generator(params: SamplingParams, default_seed: int,
+                   device: str = "cpu") -> torch.Generator | None:
+    """A per-request generator: a seeded request samples the same tokens whatever else is in the
+    batch."""
     if params.greedy:
         return None
     g = torch.Generator(device=device)
@@ -17,7 +20,8 @@ def make_generator(params: SamplingParams, default_seed: int, device: str = "cpu
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) everything outside top-k and outside the top-p nucleus of one row of scaled logits."""
+    """Mask (to -inf) everything outside top-k and outside the top-p nucleus of one row of scaled
+    logits."""
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -26,7 +30,8 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # Keep a token while the mass before it is < top_p (so the top token is always kept).
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
-        drop_sorted[0] = False  # explicitly: a top_p that underflows fp32 (5e-324) must not drop everything
+        # explicitly: a top_p that underflows fp32 (5e-324) must not drop everything
+        drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -47,16 +52,20 @@ def sample(
     return out
 
 
-def token_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]) -> list[TokenLogprob | None]:
-    """Per row: None unless its params ask for logprobs; else the sampled token's log-probability and the top
-    `params.logprobs` alternatives. Of the model's own distribution (log-softmax of the raw logits, before
-    temperature, top-k and top-p), as vLLM reports them by default: comparable across sampling settings."""
+def token_logprobs(logits: torch.Tensor, params: list[SamplingParams],
+                   tokens: list[int]) -> list[TokenLogprob | None]:
+    """Per row: None unless its params ask for logprobs; else the sampled token's log-probability
+    and the top `params.logprobs` alternatives. Of the model's own distribution (log-softmax of the
+    raw logits, before temperature, top-k and top-p), as vLLM reports them by default: comparable
+    across sampling settings."""
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     out: list[TokenLogprob | None] = [None] * len(params)
     if not rows:
         return out
     lp = torch.log_softmax(logits[rows].float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device)[:, None])[:, 0].tolist()
+    chosen = lp.gather(1,
+                       torch.tensor([tokens[i] for i in rows],
+                                    device=lp.device)[:, None])[:, 0].tolist()
     k = max(params[i].logprobs for i in rows)
     top = torch.topk(lp, k, dim=-1) if k else None
     ids, values = (top.indices.tolist(), top.values.tolist()) if top is not None else ([], [])

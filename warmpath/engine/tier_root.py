@@ -1,21 +1,24 @@
-"""The KV tier's root as a whole: one disk bound over every key's directory, shared by every server on the root.
+"""The KV tier's root as a whole: one disk bound over every key's directory, shared by every server
+on the root.
 
-Why: each change of code, plan or model starts a new key directory (`<root>/<key>/`, kv_tier.py), and several
-servers may share one root; a bound per directory and per process let the root grow past --kv-offload-bytes, and
-each server counted, and deleted, by its own index only.
+Why: each change of code, plan or model starts a new key directory (`<root>/<key>/`, kv_tier.py),
+and several servers may share one root; a bound per directory and per process let the root grow past
+--kv-offload-bytes, and each server counted, and deleted, by its own index only.
 
-How (one lock, no owner): `<root>/.lock` holds the root's byte count (the ledger). A server changes files under the
-root only from its tier's writer thread, and only while it holds fcntl.flock on that file, so the count stays true
-whatever number of servers share the root; the step thread never waits for it. Each live tier holds a shared flock
-on its key's `<dir>/.in-use` for its life: a key directory whose `.in-use` nobody holds is stale (an old model, plan
-or code version, or a server that is gone). Making room deletes stale directories first, whole, the least recently
-used first (by their newest block), then the least recently used blocks of live keys, any server's (a block's file
-time is its last use: kv_tier.py sets it at each write, read and reuse). The ledger is recounted from the files at
-each start and when the known blocks run out, which also corrects a crash's or a hand's changes. Only files this
-tier writes are ever deleted (`<hash>.kv`; its temporary `.<hash>.kv.<random>.tmp`, store.atomic_file, once older
-than STALE_TMP_S, and an older warmpath's `<hash>.tmp`; `.in-use`), and a directory only once it is empty of them.
-The root, key directories and `.lock`, `.in-use` are private (0700, 0600: store.py).
-Local filesystems only (flock over NFS is not reliable).
+How (one lock, no owner): `<root>/.lock` holds the root's byte count (the ledger). A server changes
+files under the root only from its tier's writer thread, and only while it holds fcntl.flock on that
+file, so the count stays true whatever number of servers share the root; the step thread never waits
+for it. Each live tier holds a shared flock on its key's `<dir>/.in-use` for its life: a key
+directory whose `.in-use` nobody holds is stale (an old model, plan or code version, or a server
+that is gone). Making room deletes stale directories first, whole, the least recently used first (by
+their newest block), then the least recently used blocks of live keys, any server's (a block's file
+time is its last use: kv_tier.py sets it at each write, read and reuse). The ledger is recounted
+from the files at each start and when the known blocks run out, which also corrects a crash's or a
+hand's changes. Only files this tier writes are ever deleted (`<hash>.kv`; its temporary
+`.<hash>.kv.<random>.tmp`, store.atomic_file, once older than STALE_TMP_S, and an older warmpath's
+`<hash>.tmp`; `.in-use`), and a directory only once it is empty of them. The root, key directories
+and `.lock`, `.in-use` are private (0700, 0600: store.py). Local filesystems only (flock over NFS is
+not reliable).
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from warmpath.store import FILE_MODE, private_dir
 LOCK = ".lock"
 IN_USE = ".in-use"
 BLOCK = re.compile(r"[0-9a-f]{64}\.kv")
-# A block's temporary file (store.atomic_file's mkstemp name; an older warmpath's `<hash>.tmp`): a write under way,
-# or cut short by a crash.
+# A block's temporary file (store.atomic_file's mkstemp name; an older warmpath's `<hash>.tmp`): a
+# write under way, or cut short by a crash.
 PARTIAL = re.compile(r"\.[0-9a-f]{64}\.kv\.[a-z0-9_]+\.tmp|[0-9a-f]{64}\.tmp")
-STALE_TMP_S = 600.0  # a temporary file older than this is a crash's leftover, not a write in progress
+# a temporary file older than this is a crash's leftover, not a write in progress
+STALE_TMP_S = 600.0
 
 
 @dataclass
@@ -57,8 +61,10 @@ class TierRoot:
         self.root, self.max_bytes = root, max_bytes
         private_dir(root)
         self._fd = _open_private(root / LOCK)
-        self._in_use: dict[Path, int] = {}  # key directories this tier holds: the .in-use descriptor
-        self._candidates: deque[Candidate] = deque()  # oldest first: stale directories', then live blocks
+        # key directories this tier holds: the .in-use descriptor
+        self._in_use: dict[Path, int] = {}
+        # oldest first: stale directories', then live blocks
+        self._candidates: deque[Candidate] = deque()
         self._counted = False
         self.stale_keys_pruned = 0  # stale key directories removed, emptied
 
@@ -70,7 +76,7 @@ class TierRoot:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    # -- under locked() ---------------------------------------------------------------------------------------
+    # -- under locked() ----------------------------------------------------------------------------
     def join(self, key_dir: Path) -> None:
         """This tier uses key_dir from now on (until close()): never stale to anyone."""
         private_dir(key_dir)  # again under the lock: a pruner may have removed it, empty
@@ -80,8 +86,9 @@ class TierRoot:
         self._counted = False  # count the root afresh at this start
 
     def make_room(self, need: int, on_deleted: Callable[[Path], None]) -> bool:
-        """Delete the least recently used blocks (stale keys' first) until `need` more bytes fit the bound; whether
-        they fit. on_deleted: each deleted block file (the owning tier forgets its own)."""
+        """Delete the least recently used blocks (stale keys' first) until `need` more bytes fit the
+        bound; whether they fit. on_deleted: each deleted block file (the owning tier forgets its
+        own)."""
         if need > self.max_bytes:
             return False
         recounted, checked, emptied = not self._counted, {}, set()
@@ -96,11 +103,13 @@ class TierRoot:
             if c.stale and c.path.parent not in checked:
                 checked[c.path.parent] = self._stale(c.path.parent)
             if c.stale and not checked[c.path.parent]:
-                self._candidates.clear()  # a server took the key up again: its blocks are live ones now
+                # a server took the key up again: its blocks are live ones now
+                self._candidates.clear()
                 continue
             try:
                 st = c.path.stat()
-                if st.st_mtime_ns != c.mtime_ns:  # used since the count: not among the least recently used
+                if st.st_mtime_ns != c.mtime_ns:
+                    # used since the count: not among the least recently used
                     continue
                 c.path.unlink()
             except OSError:  # gone already (another server's tier made room)
@@ -132,14 +141,15 @@ class TierRoot:
         raw = os.pread(self._fd, 32, 0)
         return int(raw) if raw.strip().isdigit() else self._count()
 
-    # -- inside ---------------------------------------------------------------------------------------------
+    # -- inside ------------------------------------------------------------------------------------
     def _set_used(self, n: int) -> None:
         data = str(max(0, n)).encode()
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
 
     def _count(self) -> int:
-        """Every key directory's blocks, from the files: the ledger and the candidates, oldest first."""
+        """Every key directory's blocks, from the files: the ledger and the candidates, oldest
+        first."""
         stale: dict[Path, list[tuple[int, Path, int]]] = {}
         live: list[tuple[int, Path, int]] = []
         for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink()):
@@ -157,15 +167,18 @@ class TierRoot:
                 self._prune(d, had_blocks=False)
             (stale.setdefault(d, []) if is_stale else live).extend(files)
         by_age = sorted(stale, key=lambda d: max(t for t, _, _ in stale[d]) if stale[d] else 0)
-        self._candidates = deque([*(Candidate(p, t, True) for d in by_age for t, p, _ in sorted(stale[d])),
-                                  *(Candidate(p, t, False) for t, p, _ in sorted(live))])
+        self._candidates = deque([
+            *(Candidate(p, t, True) for d in by_age for t, p, _ in sorted(stale[d])),
+            *(Candidate(p, t, False) for t, p, _ in sorted(live))
+        ])
         used = sum(size for files in (*stale.values(), live) for _, _, size in files)
         self._set_used(used)
         self._counted = True
         return used
 
     def _stale(self, key_dir: Path) -> bool:
-        """No live tier holds key_dir (none of this process's, and no shared flock on its .in-use)."""
+        """No live tier holds key_dir (none of this process's, and no shared flock on its
+        .in-use)."""
         if key_dir in self._in_use:
             return False
         try:
@@ -183,13 +196,15 @@ class TierRoot:
             os.close(fd)  # (drops the lock just taken)
 
     def _prune(self, key_dir: Path, had_blocks: bool) -> None:
-        """Remove a stale key directory that holds nothing but the tier's own leftovers (and is one: it held blocks,
-        or has an .in-use); anything else keeps it."""
-        if key_dir in self._in_use or not self._stale(key_dir) or not (had_blocks or (key_dir / IN_USE).exists()):
+        """Remove a stale key directory that holds nothing but the tier's own leftovers (and is one:
+        it held blocks, or has an .in-use); anything else keeps it."""
+        if key_dir in self._in_use or not self._stale(key_dir) or not (had_blocks or
+                                                                       (key_dir / IN_USE).exists()):
             return
         try:
             found = list(key_dir.iterdir())
-            if not all(p.name == IN_USE or _leftover(p) for p in found):  # another file, or a write under way
+            if not all(p.name == IN_USE or _leftover(p) for p in found):
+                # another file, or a write under way
                 return
             for p in found:
                 p.unlink()
@@ -206,7 +221,8 @@ class TierRoot:
 
 
 def _open_private(path: Path) -> int:
-    """`path` opened for reading and writing, created 0600 (never through a link); made 0600 if it was not."""
+    """`path` opened for reading and writing, created 0600 (never through a link); made 0600 if it
+    was not."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
     try:
         if os.fstat(fd).st_mode & 0o077:

@@ -1,27 +1,32 @@
 """How each editor asks for a completion and inserts the answer, for the real-repository set.
 
-The developer's buffer is the file with the hole cut out, the cursor where the hole starts. Each client sends what
-that editor sends (its window of the file, its protocol's body) and turns the answer into what the editor puts in
-the buffer (its own trimming and discard rules, then an insertion at the cursor). What it inserts is then judged
-against the real file (eval/repo.py). Every request is greedy, so a run is repeatable; that is the one change made
-to the editors' bodies (llama.vim samples at temperature 1 after top-k / top-p, Continue at 0.01), and none of
-their time limits is sent (they make an answer depend on the machine's speed; latency is reported beside).
+The developer's buffer is the file with the hole cut out, the cursor where the hole starts. Each
+client sends what that editor sends (its window of the file, its protocol's body) and turns the
+answer into what the editor puts in the buffer (its own trimming and discard rules, then an
+insertion at the cursor). What it inserts is then judged against the real file (eval/repo.py). Every
+request is greedy, so a run is repeatable; that is the one change made to the editors' bodies
+(llama.vim samples at temperature 1 after top-k / top-p, Continue at 0.01), and none of their time
+limits is sent (they make an answer depend on the machine's speed; latency is reported beside).
 
-- llama.vim (`autoload/llama.vim` at a1c8e6e): `/infill`, 256 lines before the cursor's line and 64 after, the
-  cursor's line split at the cursor (`prompt`, the start of `input_suffix`); a line of only whitespace is sent
-  empty, and the answer's own indentation replaces it; `n_indent`, `n_predict: 128`; the answer's empty last
-  lines dropped, and it is discarded when it repeats the rest of the line or the next lines (`s:fim_render`);
-  Tab inserts it whole, the rest of the line after it.
-- zed: the `open_ai_compatible_api` edit prediction provider (`crates/edit_prediction/src/fim.rs`): whole lines
-  around the cursor, about 512 tokens counted as bytes / 3, down then up; the Qwen FIM prompt written out, four
-  stop strings, no temperature, not streamed; the answer cut at the first FIM marker and inserted whole.
-- continue: the OpenAI provider's autocomplete (`core/autocomplete`): 307 tokens of prefix and at most 205 of
-  suffix (whole lines; 4 characters a token here), Qwen's repository form with other files, its 12 stop strings,
-  streamed; its line filters (the first blank line, a line equal or nearly equal to the line below the cursor, a
-  line repeated, the suffix written again) and a multi-line answer replacing the rest of the cursor's line.
-- openai: `/v1/completions` with `prompt` and `suffix` (minuet-ai.nvim's `openai_fim_compatible`, 12,000
-  characters before the cursor and 4,000 after); inserted whole.
-- lsp: `warmpath lsp` over stdio, a real LSP client asking `textDocument/inlineCompletion` (eval/lsp_client.py).
+- llama.vim (`autoload/llama.vim` at a1c8e6e): `/infill`, 256 lines before the cursor's line and 64
+  after, the cursor's line split at the cursor (`prompt`, the start of `input_suffix`); a line of
+  only whitespace is sent empty, and the answer's own indentation replaces it; `n_indent`,
+  `n_predict: 128`; the answer's empty last lines dropped, and it is discarded when it repeats the
+  rest of the line or the next lines (`s:fim_render`); Tab inserts it whole, the rest of the line
+  after it.
+- zed: the `open_ai_compatible_api` edit prediction provider (`crates/edit_prediction/src/fim.rs`):
+  whole lines around the cursor, about 512 tokens counted as bytes / 3, down then up; the Qwen FIM
+  prompt written out, four stop strings, no temperature, not streamed; the answer cut at the first
+  FIM marker and inserted whole.
+- continue: the OpenAI provider's autocomplete (`core/autocomplete`): 307 tokens of prefix and at
+  most 205 of suffix (whole lines; 4 characters a token here), Qwen's repository form with other
+  files, its 12 stop strings, streamed; its line filters (the first blank line, a line equal or
+  nearly equal to the line below the cursor, a line repeated, the suffix written again) and a
+  multi-line answer replacing the rest of the cursor's line.
+- openai: `/v1/completions` with `prompt` and `suffix` (minuet-ai.nvim's `openai_fim_compatible`,
+  12,000 characters before the cursor and 4,000 after); inserted whole.
+- lsp: `warmpath lsp` over stdio, a real LSP client asking `textDocument/inlineCompletion`
+  (eval/lsp_client.py).
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ from warmpath.eval.holes import Hole
 
 QWEN = next(t for t in FIM_TEMPLATES if t.name == "qwen2.5-coder")
 ZED_STOPS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"]
-ZED_CUT = ("<|endoftext|>", "<|file_separator|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
-           "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<PRE>", "<SUF>", "<MID>", "[PREFIX]", "[SUFFIX]")
-CONTINUE_STOPS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
-                  "<|file_sep|>", "<|im_start|>", "<|im_end|>", "/src/", "#- coding: utf-8", "```"]
+ZED_CUT = ("<|endoftext|>", "<|file_separator|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_middle|>",
+           "<|fim_suffix|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<PRE>", "<SUF>",
+           "<MID>", "[PREFIX]", "[SUFFIX]")
+CONTINUE_STOPS = [
+    "<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>", "/src/", "#- coding: utf-8",
+    "```"
+]
 
 
 @dataclass(frozen=True)
@@ -75,9 +84,10 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Insertion:
-    """What the editor puts in the buffer: `text` at the cursor, or from the start of the cursor's line when
-    `from_line_start` (llama.vim on a line of only whitespace); `replaces` characters after the cursor on its line
-    are replaced (Continue's multi-line answer replaces the rest of the line)."""
+    """What the editor puts in the buffer: `text` at the cursor, or from the start of the cursor's
+    line when `from_line_start` (llama.vim on a line of only whitespace); `replaces` characters
+    after the cursor on its line are replaced (Continue's multi-line answer replaces the rest of the
+    line)."""
 
     text: str
     from_line_start: bool = False
@@ -90,25 +100,41 @@ class Insertion:
         return b.before[:start] + self.text + b.after[self.replaces:]
 
 
-# -- llama.vim -------------------------------------------------------------------------------------------------
+# -- llama.vim -------------------------------------------------------------------------------------
 def llama_vim_body(hole: Hole, model: str | None, extra: list[dict]) -> dict:
     b = Buffer(hole)
     line = b.line_before + b.line_after
     blank = not line.strip()
     prompt, rest = ("", "") if blank else (b.line_before, b.line_after)
     indent = 0 if blank else len(line) - len(line.lstrip(" \t"))
-    return {"id_slot": 0, "input_prefix": "".join(x + "\n" for x in b.lines_above(256)),
-            "input_suffix": rest + "\n" + "".join(x + "\n" for x in b.lines_below(64)),
-            "input_extra": extra, "prompt": prompt, "n_predict": 128, "stop": [], "n_indent": indent,
-            "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill", "temperature"], "temperature": 0.0,
-            "stream": False, "cache_prompt": True,
-            # llama.vim's fields, and warmpath's finish_reason and confidence (a server without them leaves them out)
-            "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "tokens_cached", "truncated",
-                                "finish_reason", "confidence"], **({"model": model} if model else {})}
+    return {
+        "id_slot": 0,
+        "input_prefix": "".join(x + "\n" for x in b.lines_above(256)),
+        "input_suffix": rest + "\n" + "".join(x + "\n" for x in b.lines_below(64)),
+        "input_extra": extra,
+        "prompt": prompt,
+        "n_predict": 128,
+        "stop": [],
+        "n_indent": indent,
+        "top_k": 40,
+        "top_p": 0.90,
+        "samplers": ["top_k", "top_p", "infill", "temperature"],
+        "temperature": 0.0,
+        "stream": False,
+        "cache_prompt": True,
+        # llama.vim's fields, and warmpath's finish_reason and confidence (a server without them
+        # leaves them out)
+        "response_fields": [
+            "content", "timings/prompt_n", "timings/predicted_n", "tokens_cached", "truncated",
+            "finish_reason", "confidence"
+        ],
+        **({"model": model} if model else {})
+    }
 
 
 def llama_vim_insert(hole: Hole, content: str) -> Insertion:
-    """s:fim_render and Tab (llama#fim_accept): what the buffer gets, empty when the suggestion is discarded."""
+    """s:fim_render and Tab (llama#fim_accept): what the buffer gets, empty when the suggestion is
+    discarded."""
     b = Buffer(hole)
     lines = content.split("\n")
     while lines and lines[-1] == "":
@@ -135,7 +161,7 @@ def llama_vim_insert(hole: Hole, content: str) -> Insertion:
     return Insertion("\n".join(lines), from_line_start=blank)
 
 
-# -- Zed ---------------------------------------------------------------------------------------------------------
+# -- Zed -------------------------------------------------------------------------------------------
 ZED_BYTES = 512 * 3  # fim.rs: 512 tokens of context, a token counted as 3 bytes
 
 
@@ -160,7 +186,8 @@ def zed_window(hole: Hole) -> tuple[str, str]:
                     else:
                         up += 1
     prefix = "".join(x + "\n" for x in above[len(above) - up:]) + b.line_before
-    suffix = b.line_after + "".join("\n" + x for x in below[:down]) + ("\n" if down < len(below) else "")
+    suffix = b.line_after + "".join("\n" + x
+                                    for x in below[:down]) + ("\n" if down < len(below) else "")
     return prefix, suffix
 
 
@@ -178,8 +205,9 @@ def zed_insert(hole: Hole, text: str) -> Insertion:
     return Insertion(text)
 
 
-# -- Continue ----------------------------------------------------------------------------------------------------
-CHARS_PER_TOKEN = 4  # Continue counts with its own tokenizer (tiktoken's or Llama's), ~4 characters of code a token
+# -- Continue --------------------------------------------------------------------------------------
+# Continue counts with its own tokenizer (tiktoken's or Llama's), ~4 characters of code a token
+CHARS_PER_TOKEN = 4
 
 
 def continue_window(hole: Hole) -> tuple[str, str]:
@@ -201,9 +229,13 @@ def continue_body(hole: Hole, model: str | None, extra: list[dict]) -> dict:
     head = ""
     if extra:
         head = "<|repo_name|>" + hole.project.rsplit("/", 1)[-1] + "\n" + "".join(
-            f"<|file_sep|>{e['filename']}\n{e['text']}\n" for e in extra) + f"<|file_sep|>{hole.path}\n"
-    return {"model": model, "prompt": f"{head}<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
-            "max_tokens": 4096, "temperature": 0.0, "stream": True, "stop": CONTINUE_STOPS}
+            f"<|file_sep|>{e['filename']}\n{e['text']}\n"
+            for e in extra) + f"<|file_sep|>{hole.path}\n"
+    return {
+        "model": model,
+        "prompt": f"{head}<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
+        "max_tokens": 4096, "temperature": 0.0, "stream": True, "stop": CONTINUE_STOPS
+    }
 
 
 def _near(a: str, b: str) -> bool:
@@ -216,7 +248,8 @@ def _near(a: str, b: str) -> bool:
 
 
 def continue_insert(hole: Hole, text: str) -> Insertion:
-    """Continue's stream filters (core/autocomplete/filtering), its postprocessing, and its insertion."""
+    """Continue's stream filters (core/autocomplete/filtering), its postprocessing, and its
+    insertion."""
     b = Buffer(hole)
     for stop in (*CONTINUE_STOPS, "diff --git"):
         if stop in text:
@@ -247,7 +280,8 @@ def continue_insert(hole: Hole, text: str) -> Insertion:
         repeats = 0
         if i > 0 and not line.strip():  # noDoubleNewLine
             break
-        if below and _near(line, below) and (i > 0 or not b.line_before.strip()):  # stopAtSimilarLine
+        if below and _near(line, below) and (i > 0 or not b.line_before.strip()):
+            # stopAtSimilarLine
             break
         out.append(line)
     text = "\n".join(out)
@@ -261,15 +295,18 @@ def continue_insert(hole: Hole, text: str) -> Insertion:
         text = text[1:]
     if "\n" in text:  # a multi-line answer replaces the rest of the cursor's line
         return Insertion(text, replaces=len(b.line_after))
-    if len(b.line_after.strip()) >= 2 and text.endswith(b.line_after):  # the rest of the line written again
+    if len(b.line_after.strip()) >= 2 and text.endswith(b.line_after):
+        # the rest of the line written again
         return Insertion(text, replaces=len(b.line_after))
     return Insertion(text)
 
 
-# -- OpenAI completions with suffix --------------------------------------------------------------------------------
+# -- OpenAI completions with suffix ----------------------------------------------------------------
 def openai_body(hole: Hole, model: str | None, extra: list[dict]) -> dict:
-    body = {"model": model, "prompt": hole.prefix[-12000:], "suffix": hole.suffix[:4000], "max_tokens": 128,
-            "temperature": 0.0}
+    body = {
+        "model": model, "prompt": hole.prefix[-12000:], "suffix": hole.suffix[:4000],
+        "max_tokens": 128, "temperature": 0.0
+    }
     if extra:
         body["extra"] = extra
     return body
@@ -288,8 +325,8 @@ def levenshtein(a: str, b: str) -> int:
 
 @dataclass(frozen=True)
 class Client:
-    """An editor: where it sends a hole (a path at the server's root; None: not over HTTP), its body, whether it
-    streams, and what it puts in the buffer for the answer's text."""
+    """An editor: where it sends a hole (a path at the server's root; None: not over HTTP), its
+    body, whether it streams, and what it puts in the buffer for the answer's text."""
 
     name: str
     path: str | None

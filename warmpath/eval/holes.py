@@ -1,18 +1,20 @@
-"""Where the real-repository set puts the cursor: holes cut in real files, chosen deterministically, found with a
-real parser (tree-sitter's grammars for Python, JavaScript, TypeScript, Go and Rust).
+"""Where the real-repository set puts the cursor: holes cut in real files, chosen deterministically,
+found with a real parser (tree-sitter's grammars for Python, JavaScript, TypeScript, Go and Rust).
 
 Kinds of hole (what is missing, the middle; the cursor is where it starts):
-- line-rest: the rest of a line after typed code (the cursor after a token of the line, not its first);
+- line-rest: the rest of a line after typed code (the cursor after a token of the line, not its
+  first);
 - line: a whole line (the cursor after its indentation, as an editor's auto-indent leaves it);
 - lines: 2-4 lines (the cursor after the first one's indentation);
-- SAFIM's syntax-aware kinds: call-args (a call's arguments, on one line: the cursor after its opening bracket),
-  block-body (a block's statements, 2-8 lines: the cursor at the first one), condition (an if's or while's
-  condition, on one line).
-A line in or beside a comment, or inside a string of several lines (docstrings), holds no hole: what an exact
-match of those means is not code.
+- SAFIM's syntax-aware kinds: call-args (a call's arguments, on one line: the cursor after its
+  opening bracket), block-body (a block's statements, 2-8 lines: the cursor at the first one),
+  condition (an if's or while's condition, on one line).
+A line in or beside a comment, or inside a string of several lines (docstrings), holds no hole: what
+an exact match of those means is not code.
 
-The cross-file slice: holes whose middle uses a name defined in another file of the same project and nowhere in
-its own file, asked without and with that file as repository context (what the context buys)."""
+The cross-file slice: holes whose middle uses a name defined in another file of the same project and
+nowhere in its own file, asked without and with that file as repository context (what the context
+buys)."""
 
 from __future__ import annotations
 
@@ -35,20 +37,27 @@ WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CALLS = {"python": ("call", "argument_list"), "javascript": ("call_expression", "arguments"),
          "typescript": ("call_expression", "arguments"), "go": ("call_expression", "argument_list"),
          "rust": ("call_expression", "arguments")}
-BLOCKS = {"python": ("block",), "javascript": ("statement_block",), "typescript": ("statement_block",),
-          "go": ("block",), "rust": ("block",)}
-CONDITIONALS = {"python": ("if_statement", "elif_clause", "while_statement"),
-                "javascript": ("if_statement", "while_statement"), "typescript": ("if_statement", "while_statement"),
-                "go": ("if_statement",), "rust": ("if_expression", "while_expression")}
-DEFINITIONS = {"python": ("function_definition", "class_definition"),
-               "javascript": ("function_declaration", "class_declaration", "variable_declarator"),
-               "typescript": ("function_declaration", "class_declaration", "variable_declarator",
-                              "interface_declaration", "type_alias_declaration", "enum_declaration"),
-               "go": ("function_declaration", "method_declaration", "type_spec", "const_spec", "var_spec"),
-               "rust": ("function_item", "struct_item", "enum_item", "trait_item", "type_item", "const_item",
-                        "static_item", "macro_definition")}
-STRINGS = ("string", "template_string", "raw_string_literal", "interpreted_string_literal", "string_literal",
-           "concatenated_string")
+BLOCKS = {
+    "python": ("block", ), "javascript": ("statement_block", ), "typescript": ("statement_block", ),
+    "go": ("block", ), "rust": ("block", )
+}
+CONDITIONALS = {
+    "python": ("if_statement", "elif_clause", "while_statement"),
+    "javascript": ("if_statement", "while_statement"),
+    "typescript": ("if_statement", "while_statement"), "go": ("if_statement", ),
+    "rust": ("if_expression", "while_expression")
+}
+DEFINITIONS = {
+    "python": ("function_definition", "class_definition"),
+    "javascript": ("function_declaration", "class_declaration", "variable_declarator"),
+    "typescript": ("function_declaration", "class_declaration", "variable_declarator",
+                   "interface_declaration", "type_alias_declaration", "enum_declaration"),
+    "go": ("function_declaration", "method_declaration", "type_spec", "const_spec", "var_spec"),
+    "rust": ("function_item", "struct_item", "enum_item", "trait_item", "type_item", "const_item",
+             "static_item", "macro_definition")
+}
+STRINGS = ("string", "template_string", "raw_string_literal", "interpreted_string_literal",
+           "string_literal", "concatenated_string")
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,8 @@ class Hole:
     text: str = field(repr=False)  # the whole file
     start: int = 0  # the cursor, a character offset in text
     end: int = 0  # where the middle ends
-    slice: str = ""  # "" the main set; "cross-file" without the defining file, "cross-file+context" with it
+    # "" the main set; "cross-file" without the defining file, "cross-file+context" with it
+    slice: str = ""
     extra: tuple[tuple[str, str], ...] = ()  # repository context: (path, text) of other files
 
     @property
@@ -101,7 +111,8 @@ def _parser(language: str):
 
 
 class Parsed:
-    """A file's syntax tree with what hole-finding asks of it, in character offsets (tree-sitter counts bytes)."""
+    """A file's syntax tree with what hole-finding asks of it, in character offsets (tree-sitter
+    counts bytes)."""
 
     def __init__(self, f: SourceFile):
         self.file, self.text = f, f.text
@@ -146,7 +157,8 @@ class Parsed:
         """Per row, the character offsets where a leaf token ends (a one-line leaf)."""
         ends: dict[int, list[int]] = {}
         for node in self.nodes():
-            if node.child_count == 0 and node.start_point[0] == node.end_point[0] and node.end_byte > node.start_byte:
+            if node.child_count == 0 and node.start_point[0] == node.end_point[
+                    0] and node.end_byte > node.start_byte:
                 ends.setdefault(node.start_point[0], []).append(self.offset(node.end_byte))
         return ends
 
@@ -160,7 +172,8 @@ class Parsed:
 
 def _code_line(p: Parsed, row: int) -> bool:
     code = p.lines[row].strip()
-    return row >= MIN_ROW and row not in p.bad_rows and bool(code) and any(c.isalnum() for c in code)
+    return row >= MIN_ROW and row not in p.bad_rows and bool(code) and any(c.isalnum()
+                                                                           for c in code)
 
 
 def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
@@ -173,7 +186,8 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
             first_end, end = min(ends), p.row_end(row)
             for cut in sorted(set(ends)):
                 rest = p.text[cut:end]
-                if first_end <= cut < end and len(rest.strip()) >= 2 and any(c.isalnum() for c in rest):
+                if first_end <= cut < end and len(rest.strip()) >= 2 and any(c.isalnum()
+                                                                             for c in rest):
                     out.append((cut, end))
     elif kind == "line":
         out = [(p.code_start(r), p.row_end(r)) for r in range(len(p.lines))
@@ -182,7 +196,8 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
         for r in range(len(p.lines)):
             for n in (2, 3, 4):
                 rows = range(r, r + n)
-                if rows[-1] >= len(p.lines) or not all(_code_line(p, x) or not p.lines[x].strip() for x in rows):
+                if rows[-1] >= len(p.lines) or not all(
+                        _code_line(p, x) or not p.lines[x].strip() for x in rows):
                     continue
                 if _code_line(p, r) and _code_line(p, rows[-1]):
                     out.append((p.code_start(r), p.row_end(rows[-1])))
@@ -192,11 +207,14 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
             if node.type != call:
                 continue
             a = node.child_by_field_name("arguments")
-            if a is None or a.type != args or a.start_point[0] != a.end_point[0] or a.child_count < 3:
+            if a is None or a.type != args or a.start_point[0] != a.end_point[
+                    0] or a.child_count < 3:
                 continue
             start, end = p.offset(a.start_byte) + 1, p.offset(a.end_byte) - 1
             inner = p.text[start:end]
-            if _code_line(p, a.start_point[0]) and 2 <= len(inner.strip()) <= 100 and inner == inner.strip():
+            if _code_line(
+                    p,
+                    a.start_point[0]) and 2 <= len(inner.strip()) <= 100 and inner == inner.strip():
                 out.append((start, end))
     elif kind == "block-body":
         for node in p.nodes():
@@ -208,8 +226,10 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
             if not body:
                 continue
             first, last = body[0].start_point[0], body[-1].end_point[0]
-            # the row of the line that opens the block (Python's block starts at its first statement)
-            opens = node.parent.start_point[0] if lang == "python" and node.parent is not None else node.start_point[0]
+            # the row of the line that opens the block (Python's block starts at its first
+            # statement)
+            opens = node.parent.start_point[
+                0] if lang == "python" and node.parent is not None else node.start_point[0]
             closes_after = lang == "python" or node.end_point[0] > last
             if not closes_after or first <= opens or not 2 <= last - first + 1 <= 8:
                 continue
@@ -225,7 +245,8 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
             c = node.child_by_field_name("condition")
             if c is not None and c.type == "parenthesized_expression" and c.named_child_count == 1:
                 c = c.named_children[0]
-            if c is None or c.start_point[0] != c.end_point[0] or not _code_line(p, c.start_point[0]):
+            if c is None or c.start_point[0] != c.end_point[0] or not _code_line(
+                    p, c.start_point[0]):
                 continue
             start, end = p.offset(c.start_byte), p.offset(c.end_byte)
             if len(p.text[start:end].strip()) >= 3:
@@ -237,14 +258,15 @@ def _hole(p: Parsed, kind: str, start: int, end: int, slice_: str = "") -> Hole:
     f = p.file
     row = p.text.count("\n", 0, start)
     col = start - p.line_start[row]
-    lines = str(p.text.count("\n", start, end) + 1) if kind == "lines" else ""  # 2-4 lines from one place
-    return Hole(f"{f.project}/{f.path}:{row + 1}:{col}/{kind}{lines}", f.project, f.since, f.language, f.path, kind,
-                f.text, start, end, slice_)
+    # 2-4 lines from one place
+    lines = str(p.text.count("\n", start, end) + 1) if kind == "lines" else ""
+    return Hole(f"{f.project}/{f.path}:{row + 1}:{col}/{kind}{lines}", f.project, f.since,
+                f.language, f.path, kind, f.text, start, end, slice_)
 
 
 def file_holes(f: SourceFile, per_file: dict[str, int] = PER_FILE) -> list[Hole]:
-    """The file's holes: per kind, `per_file[kind]` of its places drawn with a seed of the file and the kind (the
-    same holes on every machine), in the file's order."""
+    """The file's holes: per kind, `per_file[kind]` of its places drawn with a seed of the file and
+    the kind (the same holes on every machine), in the file's order."""
     p = Parsed(f)
     holes = []
     for kind in KINDS:
@@ -256,23 +278,25 @@ def file_holes(f: SourceFile, per_file: dict[str, int] = PER_FILE) -> list[Hole]
 
 
 def definitions(f: SourceFile) -> dict[str, int]:
-    """The names a file defines (functions, types, classes, constants...) and the row of each definition."""
+    """The names a file defines (functions, types, classes, constants...) and the row of each
+    definition."""
     p = Parsed(f)
     out: dict[str, int] = {}
     for node in p.nodes():
         if node.type in DEFINITIONS[f.language]:
             name = node.child_by_field_name("name")
-            if name is not None and name.type in ("identifier", "type_identifier", "property_identifier",
-                                                  "field_identifier"):
-                out.setdefault(p.text[p.offset(name.start_byte):p.offset(name.end_byte)], node.start_point[0])
+            if name is not None and name.type in ("identifier", "type_identifier",
+                                                  "property_identifier", "field_identifier"):
+                out.setdefault(p.text[p.offset(name.start_byte):p.offset(name.end_byte)],
+                               node.start_point[0])
     return out
 
 
 def cross_file_holes(files: list[SourceFile], others: list[SourceFile],
                      per_project: int = CROSS_FILE_PER_PROJECT) -> list[Hole]:
-    """Line and line-rest holes whose middle names something defined in another file of the project and nowhere
-    else in its own file: each twice, without that file ("cross-file") and with the lines around the definition
-    as repository context ("cross-file+context")."""
+    """Line and line-rest holes whose middle names something defined in another file of the project
+    and nowhere else in its own file: each twice, without that file ("cross-file") and with the
+    lines around the definition as repository context ("cross-file+context")."""
     defined: dict[str, tuple[SourceFile, int]] = {}
     for o in others:
         for name, row in definitions(o).items():
@@ -283,7 +307,10 @@ def cross_file_holes(files: list[SourceFile], others: list[SourceFile],
         p = Parsed(f)
         for kind in ("line", "line-rest"):
             for start, end in _candidates(p, kind):
-                names = [w for w in WORD.findall(p.text[start:end]) if w in defined and defined[w][0].path != f.path]
+                names = [
+                    w for w in WORD.findall(p.text[start:end])
+                    if w in defined and defined[w][0].path != f.path
+                ]
                 outside = p.text[:start] + p.text[end:]
                 name = next((w for w in names if not re.search(rf"\b{w}\b", outside)), None)
                 row = p.text.count("\n", 0, start)
@@ -299,5 +326,7 @@ def cross_file_holes(files: list[SourceFile], others: list[SourceFile],
         lo = max(0, row - CONTEXT_LINES // 4)
         chunk = "\n".join(lines[lo:lo + CONTEXT_LINES])
         out.append(hole)
-        out.append(replace(hole, id=hole.id + "+context", slice="cross-file+context", extra=((o.path, chunk),)))
+        out.append(
+            replace(hole, id=hole.id + "+context", slice="cross-file+context",
+                    extra=((o.path, chunk), )))
     return out

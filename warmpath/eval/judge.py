@@ -1,13 +1,13 @@
 """An answer judged as the editor inserted it, in the real file.
 
-- exact: the file after the insertion is the real file (trailing whitespace of each line aside): the answer is
-  right and whole, and wrote nothing more;
-- newline cut: the same, inserting only the answer's first line, as a client that cuts at the newline does (a
-  hole of several lines is never filled so);
-- first line: the answer's first line is the middle's first line (on the cursor's line, with what follows the
-  cursor there when the middle is one line);
-- similarity: 1 - the edit distance between what the cursor's region became and what it really is, over the
-  longer's length (the region: from the start of the cursor's line to the end of the hole);
+- exact: the file after the insertion is the real file (trailing whitespace of each line aside): the
+  answer is right and whole, and wrote nothing more;
+- newline cut: the same, inserting only the answer's first line, as a client that cuts at the
+  newline does (a hole of several lines is never filled so);
+- first line: the answer's first line is the middle's first line (on the cursor's line, with what
+  follows the cursor there when the middle is one line);
+- similarity: 1 - the edit distance between what the cursor's region became and what it really is,
+  over the longer's length (the region: from the start of the cursor's line to the end of the hole);
 - chars: the characters inserted."""
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ def judge(hole: Hole, ins: Insertion) -> Verdict:
     rest = b.after[ins.replaces:]
     got = ("" if ins.from_line_start else b.line_before) + ins.text
     want = b.line_before + hole.middle + b.after[:ins.replaces]
-    # the rest of the cursor's line stays after an inserted first line; with a hole of several lines, the real
-    # rest of that line is on the hole's last line, so only the lines' starts are compared
+    # the rest of the cursor's line stays after an inserted first line; with a hole of several
+    # lines, the real rest of that line is on the hole's last line, so only the lines' starts are
+    # compared
     line_rest = rest.split("\n", 1)[0] if "\n" not in hole.middle else ""
     got_line = got.split("\n", 1)[0] + line_rest
     want_line = want.split("\n", 1)[0] + line_rest
     g, w = "\n".join(_lines(got)), "\n".join(_lines(want))
     similarity = 1.0 - levenshtein(g, w) / max(1, len(g), len(w))
-    return Verdict(exact, newline_cut, got_line.rstrip() == want_line.rstrip(), similarity, len(ins.text))
+    return Verdict(exact, newline_cut,
+                   got_line.rstrip() == want_line.rstrip(), similarity, len(ins.text))

@@ -1,7 +1,8 @@
-"""The real-repository set through `warmpath lsp`: a real LSP client (pygls') starts the language server on stdio,
-pointed at the target, opens each hole's buffer (and, for the cross-file slice with context, the defining file,
-which the server sends along as another open document), asks `textDocument/inlineCompletion` at the cursor and
-closes them again. What the item says is what the editor inserts at the cursor."""
+"""The real-repository set through `warmpath lsp`: a real LSP client (pygls') starts the language
+server on stdio, pointed at the target, opens each hole's buffer (and, for the cross-file slice with
+context, the defining file, which the server sends along as another open document), asks
+`textDocument/inlineCompletion` at the cursor and closes them again. What the item says is what the
+editor inserts at the cursor."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ class LspAsker:
         if self.target.api_key:
             argv += ["--api-key", self.target.api_key]
         await self.client.start_io(sys.executable, *argv)
-        await self.client.initialize_async(types.InitializeParams(
-            capabilities=types.ClientCapabilities(),
-            initialization_options={"debounceMs": 0, "deadlineMs": 600000, "model": self.target.model}))
+        await self.client.initialize_async(
+            types.InitializeParams(
+                capabilities=types.ClientCapabilities(), initialization_options={
+                    "debounceMs": 0, "deadlineMs": 600000, "model": self.target.model
+                }))
         self.client.initialized(types.InitializedParams())
 
     async def stop(self) -> None:
@@ -54,7 +57,8 @@ class LspAsker:
     def _close(self, uri: str) -> None:
         from lsprotocol import types
 
-        self.client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
+        self.client.text_document_did_close(
+            types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
 
     async def ask(self, hole: Hole) -> tuple[str, str | None, float | None]:
         from lsprotocol import types
@@ -66,9 +70,11 @@ class LspAsker:
             self._open(other, text, hole.language)
         self._open(uri, buffer, hole.language)
         try:
-            result = await self.client.text_document_inline_completion_async(types.InlineCompletionParams(
-                text_document=types.TextDocumentIdentifier(uri), position=_position(buffer, hole.start),
-                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+            result = await self.client.text_document_inline_completion_async(
+                types.InlineCompletionParams(
+                    text_document=types.TextDocumentIdentifier(uri),
+                    position=_position(buffer, hole.start), context=types.InlineCompletionContext(
+                        trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
         finally:
             for other, _ in others:
                 self._close(other)

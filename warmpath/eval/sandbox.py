@@ -1,13 +1,14 @@
-"""Running a model's answer without trusting it. `run_python()` starts eval/confine.py (as the evaluator's user),
-which shuts the answer in and execs it in a bare interpreter (`python -I`, no venv); this side bounds its time and
-output, reads the report of what held, and ends the run.
+"""Running a model's answer without trusting it. `run_python()` starts eval/confine.py (as the
+evaluator's user), which shuts the answer in and execs it in a bare interpreter (`python -I`, no
+venv); this side bounds its time and output, reads the report of what held, and ends the run.
 
-Where the kernel allows namespaces (root, or user namespaces for anyone else) the answer has no network, a PID
-namespace whose PID 1 takes everything along when the answer exits or the run is stopped, and every mount read-only,
-nodev and nosuid but its scratch tmpfs, $WARMPATH_HOME under an empty one. Root's answer runs as nobody (where it
-can), so RLIMIT_NPROC binds it; anyone else's is that user without capabilities. Without namespaces the answer
-keeps the user's files and network (`Isolation` says so): the rlimits, the process group and an environment whose
-HOME, WARMPATH_HOME, XDG_* and TMPDIR are the scratch directory are all that stand between."""
+Where the kernel allows namespaces (root, or user namespaces for anyone else) the answer has no
+network, a PID namespace whose PID 1 takes everything along when the answer exits or the run is
+stopped, and every mount read-only, nodev and nosuid but its scratch tmpfs, $WARMPATH_HOME under an
+empty one. Root's answer runs as nobody (where it can), so RLIMIT_NPROC binds it; anyone else's is
+that user without capabilities. Without namespaces the answer keeps the user's files and network
+(`Isolation` says so): the rlimits, the process group and an environment whose HOME, WARMPATH_HOME,
+XDG_* and TMPDIR are the scratch directory are all that stand between."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ FACETS = ("network", "processes", "files", "unprivileged")
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0  # wall clock; the whole process group (and PID namespace) is killed at it
+    # wall clock; the whole process group (and PID namespace) is killed at it
+    timeout_s: float = 10.0
     cpu_s: int | None = None  # RLIMIT_CPU per process (default: the timeout rounded up, plus one)
     memory_bytes: int = 2 << 30  # RLIMIT_AS
     processes: int = 64  # RLIMIT_NPROC: binds any user but root, so root's answers run as nobody
@@ -73,7 +75,8 @@ def probe() -> Isolation:
 
 
 class SandboxError(RuntimeError):
-    """The sandbox itself failed (not the answer): every run would fail, so it is raised, not scored."""
+    """The sandbox itself failed (not the answer): every run would fail, so it is raised, not
+    scored."""
 
 
 def run_python(program: str, limits: Limits = Limits()) -> Outcome:
@@ -81,16 +84,20 @@ def run_python(program: str, limits: Limits = Limits()) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="warmpath-eval-") as scratch:
         status_r, status_w = os.pipe()
         try:
-            args = {"program": program, "python": os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
-                    "prefix": os.path.realpath(sys.base_prefix), "scratch": scratch, "hide": _warmpath_home(),
-                    "parent": os.getpid(), "status_fd": status_w,
-                    "cpu_s": limits.cpu_s or math.ceil(limits.timeout_s) + 1, "memory_bytes": limits.memory_bytes,
-                    "processes": limits.processes, "file_bytes": limits.file_bytes,
-                    "scratch_bytes": limits.scratch_bytes}
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), *(str(args[k]) for k in ARGS)],
-                                    cwd=scratch, env=_environment(scratch), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(status_w,),
-                                    start_new_session=True)
+            args = {
+                "program": program, "python": os.path.realpath(
+                    getattr(sys, "_base_executable",
+                            sys.executable)), "prefix": os.path.realpath(sys.base_prefix),
+                "scratch": scratch, "hide": _warmpath_home(), "parent": os.getpid(),
+                "status_fd": status_w, "cpu_s": limits.cpu_s or math.ceil(limits.timeout_s) + 1,
+                "memory_bytes": limits.memory_bytes, "processes": limits.processes,
+                "file_bytes": limits.file_bytes, "scratch_bytes": limits.scratch_bytes
+            }
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S",
+                 str(CHILD), *(str(args[k]) for k in ARGS)], cwd=scratch, env=_environment(scratch),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                pass_fds=(status_w, ), start_new_session=True)
         finally:
             os.close(status_w)
         with proc:
@@ -98,22 +105,24 @@ def run_python(program: str, limits: Limits = Limits()) -> Outcome:
 
 
 def _warmpath_home() -> str:
-    home = os.environ.get("WARMPATH_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "warmpath")
+    home = os.environ.get("WARMPATH_HOME") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                           "warmpath")
     return os.path.realpath(home)
 
 
 def _environment(scratch: str) -> dict[str, str]:
     """The answer's environment: every place a program looks for a home is the scratch directory."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    for name in ("HOME", "WARMPATH_HOME", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-                 "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
+    for name in ("HOME", "WARMPATH_HOME", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
+                 "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
         env[name] = scratch
     return env
 
 
 def _ready(fds: list[int], timeout_s: float) -> set[int]:
-    """Those of `fds` readable (or at their end; a pidfd: its process exited) within `timeout_s`. poll, not
-    select: an evaluator with many files open may hand out descriptors past select's 1024."""
+    """Those of `fds` readable (or at their end; a pidfd: its process exited) within `timeout_s`.
+    poll, not select: an evaluator with many files open may hand out descriptors past select's
+    1024."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
@@ -139,7 +148,8 @@ class _Pipe:
 
 
 def _watch(proc: subprocess.Popen, status_r: int, limits: Limits) -> Outcome:
-    """Read the output (capped) and the child's report until it exits, the timeout or the cap; then stop it."""
+    """Read the output (capped) and the child's report until it exits, the timeout or the cap; then
+    stop it."""
     assert proc.stdout is not None
     out, status = _Pipe(proc.stdout.fileno(), limits.output_bytes), _Pipe(status_r, 4096)
     pidfd = os.pidfd_open(proc.pid)
@@ -167,8 +177,10 @@ def _watch(proc: subprocess.Popen, status_r: int, limits: Limits) -> Outcome:
     if errors:
         raise SandboxError(errors[0])
     if isolation is None and not timed_out and out.total <= out.cap:
-        raise SandboxError(f"the sandbox did not start: {bytes(out.kept[-2000:]).decode(errors='replace')}")
-    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # as PID 1 relays a signal
+        raise SandboxError(
+            f"the sandbox did not start: {bytes(out.kept[-2000:]).decode(errors='replace')}")
+    # as PID 1 relays a signal
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     return Outcome(code, timed_out, bytes(out.kept), out.total > out.cap,
                    isolation or Isolation(why="stopped before the sandbox reported"))
 
@@ -188,8 +200,9 @@ def _isolation(status: bytearray) -> Isolation | None:
 
 
 def _stop(proc: subprocess.Popen, pidfd: int, gently: bool) -> None:
-    """End the run: with a PID namespace its launcher kills PID 1, so all of it, and exits once it is gone; then
-    SIGKILL to the process group, before the launcher is reaped (its group id cannot have been reused)."""
+    """End the run: with a PID namespace its launcher kills PID 1, so all of it, and exits once it
+    is gone; then SIGKILL to the process group, before the launcher is reaped (its group id cannot
+    have been reused)."""
     if gently and not _ready([pidfd], 0):
         os.kill(proc.pid, signal.SIGTERM)
         _ready([pidfd], 2.0)

@@ -1,6 +1,6 @@
-"""Building the native kernel: cpu/forward.c compiled with the system C compiler for this CPU, once per source,
-flags and CPU, under $WARMPATH_HOME/kernels/. No torch here: `warmpath serve` starts the compile (seconds) before
-torch and the model load, which it then overlaps (start_building)."""
+"""Building the native kernel: cpu/forward.c compiled with the system C compiler for this CPU, once
+per source, flags and CPU, under $WARMPATH_HOME/kernels/. No torch here: `warmpath serve` starts the
+compile (seconds) before torch and the model load, which it then overlaps (start_building)."""
 
 from __future__ import annotations
 
@@ -18,18 +18,21 @@ from warmpath.store import home_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu") / "forward.c"  # the one translation unit; it includes the cpu/ headers
+# the one translation unit; it includes the cpu/ headers
+SOURCE = Path(__file__).with_name("cpu") / "forward.c"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-_BUILDING = threading.Lock()  # one build at a time: the one start_building() began is waited for, not repeated
+# one build at a time: the one start_building() began is waited for, not repeated
+_BUILDING = threading.Lock()
 
 
 class NativeKernelError(RuntimeError):
-    """The native kernel cannot be built or used here (no C compiler, unsupported model or dtype)."""
+    """The native kernel cannot be built or used here (no C compiler, unsupported model or
+    dtype)."""
 
 
 def source_digest() -> bytes:
-    """Every C source of the kernel's directory (forward.c and its headers), by name and content: a change to any
-    of them builds a new library."""
+    """Every C source of the kernel's directory (forward.c and its headers), by name and content: a
+    change to any of them builds a new library."""
     h = hashlib.sha256()
     for f in sorted(SOURCE.parent.glob("*.[ch]")):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -37,11 +40,12 @@ def source_digest() -> bytes:
 
 
 def build_library() -> Path:
-    """The built library for this CPU, compiled first if it is not there yet, or not whole: loaded only when its
-    bytes are those its digest file (written after it) names, so a library a crash or a power cut emptied or cut
-    short is built again, never loaded."""
+    """The built library for this CPU, compiled first if it is not there yet, or not whole: loaded
+    only when its bytes are those its digest file (written after it) names, so a library a crash or
+    a power cut emptied or cut short is built again, never loaded."""
     with _BUILDING:
-        key = hashlib.sha256(source_digest() + " ".join(CFLAGS).encode() + cpu_flags().encode()).hexdigest()[:16]
+        key = hashlib.sha256(source_digest() + " ".join(CFLAGS).encode() +
+                             cpu_flags().encode()).hexdigest()[:16]
         out = home_dir("kernels") / f"cpu_forward-{platform.machine()}-{key}.so"
         digest = out.with_suffix(".so.sha256")
         if _whole(out, digest):
@@ -50,7 +54,8 @@ def build_library() -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent, prefix=".")
         os.close(fd)
         try:
-            subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True)
+            subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True,
+                           text=True)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
@@ -74,7 +79,9 @@ def _whole(out: Path, digest: Path) -> bool:
         with open(out, "rb") as f:
             if hashlib.file_digest(f, "sha256").hexdigest() == want:
                 return True
-        log.warning("native kernel %s is not the library that was built (cut short?): building it again", out)
+        log.warning(
+            "native kernel %s is not the library that was built (cut short?): building it again",
+            out)
         return False
     except FileNotFoundError:
         return False
@@ -84,7 +91,8 @@ def _whole(out: Path, digest: Path) -> bool:
 
 
 def start_building() -> None:
-    """Build the kernel in the background; native.load_library() then waits for it (and raises what failed)."""
+    """Build the kernel in the background; native.load_library() then waits for it (and raises what
+    failed)."""
     def build() -> None:
         try:
             build_library()

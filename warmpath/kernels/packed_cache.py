@@ -1,10 +1,12 @@
-"""The native kernel's packed matrices of one model file, kept on disk after the first start and read back at the
-next: a restart neither converts the GGUF file's blocks nor packs them again (seconds for a 0.5B model).
+"""The native kernel's packed matrices of one model file, kept on disk after the first start and
+read back at the next: a restart neither converts the GGUF file's blocks nor packs them again
+(seconds for a 0.5B model).
 
-Per model file and packing (weights mode, activations), the latest code's (an older one's is removed), under
-$WARMPATH_HOME/packed/: `KEY.bin` (the packed bytes, each matrix 64-byte aligned) beside `KEY.json` (name -> kind,
-rows, cols, int8, offset, bytes). A damaged or partial pair is packed again. Read into the process's own memory, as
-packing would have left it (a mapped file's 4 KiB pages would not be what the plan timed).
+Per model file and packing (weights mode, activations), the latest code's (an older one's is
+removed), under $WARMPATH_HOME/packed/: `KEY.bin` (the packed bytes, each matrix 64-byte aligned)
+beside `KEY.json` (name -> kind, rows, cols, int8, offset, bytes). A damaged or partial pair is
+packed again. Read into the process's own memory, as packing would have left it (a mapped file's 4
+KiB pages would not be what the plan timed).
 """
 
 from __future__ import annotations
@@ -40,13 +42,15 @@ def cache_path(source: str, options: str) -> Path | None:
     path = Path(source)
     if not path.is_file():
         return None
-    # the packing and the conversions of a GGUF file's blocks before it are numerics code (identity.NUMERICS)
+    # the packing and the conversions of a GGUF file's blocks before it are numerics code
+    # (identity.NUMERICS)
     h = hashlib.sha256(f"{model_identity(path)}|{numerics_identity()}|{options}".encode())
     return home_dir("packed") / f"{path.stem}-{options.replace(' ', '-')}-{h.hexdigest()[:16]}.bin"
 
 
 class PackedCache:
-    """Packed matrices by name: from the cache file where it has them, else made and written when save()d."""
+    """Packed matrices by name: from the cache file where it has them, else made and written when
+    save()d."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -68,7 +72,8 @@ class PackedCache:
                 self.entries, self._data = {}, None
 
     def get(self, name: str, make: Callable[[], list[PackedMatrix]]) -> list[PackedMatrix]:
-        """A (fused) matrix's parts, one kind each (kernels/native.py chains them): read back, or made."""
+        """A (fused) matrix's parts, one kind each (kernels/native.py chains them): read back, or
+        made."""
         if self._data is not None and f"{name}#0" in self.entries:
             parts, i = [], 0
             while (e := self.entries.get(f"{name}#{i}")) is not None:
@@ -87,7 +92,8 @@ class PackedCache:
         index, offset = {}, 0
         try:
             self.path.with_suffix(".json").unlink(missing_ok=True)
-            with atomic_file(self.path) as f:  # the data first, the index last: an index is only beside its data
+            with atomic_file(self.path) as f:
+                # the data first, the index last: an index is only beside its data
                 for name, m in self.made.items():
                     pad = -offset % ALIGN
                     f.write(b"\0" * pad)
@@ -99,7 +105,8 @@ class PackedCache:
                     offset += raw.nbytes
             write_atomic(self.path.with_suffix(".json"), json.dumps(index))
             stem = self.path.name.rsplit("-", 1)[0]
-            for old in self.path.parent.glob(f"{stem}-*"):  # this file's packings by older code: never read again
+            for old in self.path.parent.glob(f"{stem}-*"):
+                # this file's packings by older code: never read again
                 if old.suffix in (".bin", ".json") and old.stem != self.path.stem:
                     old.unlink(missing_ok=True)
         except OSError as e:  # a full disk: the next start packs again

@@ -1,4 +1,5 @@
-"""What a loader returns: the model's shape, its weights in HF naming, its tokenizer (and quantized blocks)."""
+"""What a loader returns: the model's shape, its weights in HF naming, its tokenizer (and quantized
+blocks)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,14 @@ if TYPE_CHECKING:
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    weights: Mapping[str, torch.Tensor]  # a dict, or a GGUF file's tensors read on access (models/gguf.py)
+    # a dict, or a GGUF file's tensors read on access (models/gguf.py)
+    weights: Mapping[str, torch.Tensor]
     tokenizer: Tokenizer
     source: str
-    # Quantized blocks of 2-D weights for the native kernel, HF-named: a GGUF file's own Q4_1 / Q8_0 blocks, or
-    # its other types converted to them (models/kernel_blocks.py); empty for unquantized checkpoints.
-    quantized: Mapping[str, QuantizedMatrix] = field(default_factory=dict)  # read on access for a GGUF file
-    tensor_types: dict[str, int] = field(default_factory=dict)  # a GGUF file's quant mix: tensors per type
+    # Quantized blocks of 2-D weights for the native kernel, HF-named: a GGUF file's own Q4_1 / Q8_0
+    # blocks, or its other types converted to them (models/kernel_blocks.py); empty for unquantized
+    # checkpoints.
+    # read on access for a GGUF file
+    quantized: Mapping[str, QuantizedMatrix] = field(default_factory=dict)
+    # a GGUF file's quant mix: tensors per type
+    tensor_types: dict[str, int] = field(default_factory=dict)

@@ -1,10 +1,12 @@
-"""GGML block formats decoded in torch: every tensor type of the GGUF files people run (F32, F16, BF16, Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) -> fp32, bit for bit what `gguf.quants.dequantize`
-computes (the same fp32 products and sums in the same order; tests/unit/models/test_gguf_types.py checks each type).
+"""GGML block formats decoded in torch: every tensor type of the GGUF files people run (F32, F16,
+BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) -> fp32, bit for bit what
+`gguf.quants.dequantize` computes (the same fp32 products and sums in the same order;
+tests/unit/models/test_gguf_types.py checks each type).
 
-Every quantized type decodes to sub-blocks: `value = scale * q + offset`, q small integers (as fp32), one scale
-(and offset) per sub-block. That form is also what converting to the native kernel's blocks reads
-(models/kernel_blocks.py). Vectorised over all blocks at once in torch (gguf's numpy path is far slower).
+Every quantized type decodes to sub-blocks: `value = scale * q + offset`, q small integers (as
+fp32), one scale (and offset) per sub-block. That form is also what converting to the native
+kernel's blocks reads (models/kernel_blocks.py). Vectorised over all blocks at once in torch (gguf's
+numpy path is far slower).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ SUPPORTED_TENSOR_TYPES = frozenset((*FLOAT_TYPES, *BLOCK_TYPES))
 
 @dataclass
 class SubBlocks:
-    """A block-quantized tensor as [n_sub, sub] integers q with a scale (and offset) per sub-block."""
+    """A block-quantized tensor as [n_sub, sub] integers q with a scale (and offset) per
+    sub-block."""
 
     scale: torch.Tensor  # fp32 [n_sub, 1]
     q: torch.Tensor  # fp32 [n_sub, sub]: integer values
@@ -46,7 +49,8 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """[n, 16 * k] bytes -> [n, k, 32]: each run of 16 bytes gives its low nibbles, then its high ones."""
+    """[n, 16 * k] bytes -> [n, k, 32]: each run of 16 bytes gives its low nibbles, then its high
+    ones."""
     qs = qs.reshape(qs.shape[0], -1, 1, 16)
     return torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(qs.shape[0], -1, 32)
 
@@ -58,18 +62,20 @@ def _bits(b: torch.Tensor, width: int, count: int) -> torch.Tensor:
 
 
 def _high_bits32(qh: torch.Tensor) -> torch.Tensor:
-    """Q5_0 / Q5_1: 4 bytes (a little-endian uint32) -> [n, 32] bits, bit j for value j (bit j % 8 of byte j // 8)."""
+    """Q5_0 / Q5_1: 4 bytes (a little-endian uint32) -> [n, 32] bits, bit j for value j (bit j % 8
+    of byte j // 8)."""
     return _bits(qh.contiguous(), 1, 8).transpose(-1, -2).reshape(qh.shape[0], 32)
 
 
 def q5_quants(raw: torch.Tensor, at: int) -> torch.Tensor:
     """Q5_0 (at=2) / Q5_1 (at=4) blocks -> uint8 [n, 32], the 5-bit q of each value."""
-    return _nibbles(raw[:, at + 4:]).reshape(raw.shape[0], 32) | (_high_bits32(raw[:, at:at + 4]) << 4)
+    return _nibbles(raw[:, at + 4:]).reshape(raw.shape[0],
+                                             32) | (_high_bits32(raw[:, at:at + 4]) << 4)
 
 
 def q4_k_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K blocks -> its 32-value sub-blocks: scale d * sc and offset -dmin * m (fp32 [n * 8, 1]) and the 4-bit
-    q (uint8 [n * 8, 32])."""
+    """Q4_K blocks -> its 32-value sub-blocks: scale d * sc and offset -dmin * m (fp32 [n * 8, 1])
+    and the 4-bit q (uint8 [n * 8, 32])."""
     n = raw.shape[0]
     d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
     sc, mn = _scale_min_k4(raw[:, 4:16])
@@ -94,7 +100,8 @@ def decode(raw: torch.Tensor, qtype: Q) -> SubBlocks:
     if qtype == Q.Q4_0:
         return SubBlocks(_f16(raw[:, 0:2]), _nibbles(raw[:, 2:]).reshape(n, 32).float() - 8.0, None)
     if qtype == Q.Q4_1:
-        return SubBlocks(_f16(raw[:, 0:2]), _nibbles(raw[:, 4:]).reshape(n, 32).float(), _f16(raw[:, 2:4]))
+        return SubBlocks(_f16(raw[:, 0:2]),
+                         _nibbles(raw[:, 4:]).reshape(n, 32).float(), _f16(raw[:, 2:4]))
     if qtype in (Q.Q5_0, Q.Q5_1):
         q = q5_quants(raw, 2 if qtype == Q.Q5_0 else 4)
         if qtype == Q.Q5_0:
@@ -124,7 +131,8 @@ def decode(raw: torch.Tensor, qtype: Q) -> SubBlocks:
         d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
         sc, mn = _scale_min_k4(raw[:, 4:16])
         qs = raw[:, 48:176]
-        low = torch.cat([(qs.reshape(n, 4, 1, 32) >> s) & 0x0F for s in (0, 4)], dim=2).reshape(n, 8, 32)
+        low = torch.cat([(qs.reshape(n, 4, 1, 32) >> s) & 0x0F for s in (0, 4)],
+                        dim=2).reshape(n, 8, 32)
         q = low | (_bits(raw[:, 16:48], 1, 8) << 4)
         scale = (d * sc.float()).reshape(-1, 1)
         offset = -(dmin * mn.float()).reshape(-1, 1)
@@ -140,9 +148,11 @@ def decode(raw: torch.Tensor, qtype: Q) -> SubBlocks:
 
 
 def raw_blocks(data: np.ndarray, qtype: Q) -> torch.Tensor:
-    """A GGUF tensor's raw bytes -> uint8 [n_blocks, bytes per block] (a copy: the file's map stays read-only)."""
+    """A GGUF tensor's raw bytes -> uint8 [n_blocks, bytes per block] (a copy: the file's map stays
+    read-only)."""
     _, size = block_bytes(qtype)
-    return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(np.uint8).copy()).view(-1, size)
+    return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(np.uint8).copy()).view(
+        -1, size)
 
 
 def dequantize(data: np.ndarray, qtype: Q) -> torch.Tensor:
@@ -150,7 +160,8 @@ def dequantize(data: np.ndarray, qtype: Q) -> torch.Tensor:
     if qtype == Q.F32:
         return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(np.float32).copy())
     if qtype == Q.F16:
-        return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(np.float16).copy()).float()
+        return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(
+            np.float16).copy()).float()
     if qtype == Q.BF16:
         return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(np.int16).copy()).view(
             torch.bfloat16).float()

@@ -1,6 +1,6 @@
 """GGUF checkpoints: metadata -> ModelConfig, tensors dequantized -> HF-named weights (every type of
-models/ggml_blocks.py, bit for bit gguf's dequantization), the native kernel's blocks (models/kernel_blocks.py),
-vocabulary -> Tokenizer."""
+models/ggml_blocks.py, bit for bit gguf's dequantization), the native kernel's blocks
+(models/kernel_blocks.py), vocabulary -> Tokenizer."""
 
 from __future__ import annotations
 
@@ -53,19 +53,22 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's converter permutation of Q/K rows (interleaved RoPE pairs -> HF's rotate-half halves).
+    """Undo llama.cpp's converter permutation of Q/K rows (interleaved RoPE pairs -> HF's
+    rotate-half halves).
 
     The converter does w.reshape(n, 2, d/2, ...).swapaxes(1, 2); the inverse swaps back.
     """
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1,
+                                                                               2).reshape(w.shape)
 
 
 class GGUFWeights(Mapping[str, torch.Tensor]):
     """A GGUF file's tensors in HF naming, dequantized each time one is read (from the mapped file).
 
-    The native kernel reads its matrices' blocks (Checkpoint.quantized) and from here only the norms, biases and
-    what it packs from fp32: a native plan never holds fp32 copies of the matrices. A torch model reads all."""
+    The native kernel reads its matrices' blocks (Checkpoint.quantized) and from here only the
+    norms, biases and what it packs from fp32: a native plan never holds fp32 copies of the
+    matrices. A torch model reads all."""
 
     def __init__(self, tensors: dict[str, GGUFTensor], config: ModelConfig, dtype: torch.dtype):
         self._tensors, self._config, self._dtype = tensors, config, dtype
@@ -89,11 +92,12 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
 
 
 class GGUFBlocks(Mapping):
-    """The native kernel's blocks of a GGUF file's matrices by HF name (models/kernel_blocks.py: the file's own, or
-    converted), converted when first read and kept: a kernel whose packed matrices are on disk
-    (kernels/packed_cache.py) reads none, and a restart converts nothing."""
+    """The native kernel's blocks of a GGUF file's matrices by HF name (models/kernel_blocks.py: the
+    file's own, or converted), converted when first read and kept: a kernel whose packed matrices
+    are on disk (kernels/packed_cache.py) reads none, and a restart converts nothing."""
 
-    def __init__(self, tensors: dict[str, GGUFTensor], kinds: dict[str, str | None], config: ModelConfig):
+    def __init__(self, tensors: dict[str, GGUFTensor], kinds: dict[str, str | None],
+                 config: ModelConfig):
         self._tensors, self._kinds, self._config = tensors, kinds, config
         self._done: dict[str, QuantizedMatrix] = {}
 
@@ -122,7 +126,8 @@ def hf_shape(t: GGUFTensor) -> tuple[int, ...]:
 
 
 def _rope_heads(config: ModelConfig, name: str) -> int | None:
-    """llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama architecture."""
+    """llama.cpp's converter permutes Q/K rows for its RoPE layout only for the llama
+    architecture."""
     if config.architecture != "llama":
         return None
     if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -143,13 +148,17 @@ def load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
             log.debug("skipping GGUF tensor %s", t.name)
             continue
         if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
-            raise ValueError(f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name} (supported: "
-                             f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
+            raise ValueError(
+                f"tensor {t.name}: unsupported GGUF type {t.tensor_type.name} (supported: "
+                f"{', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})")
         tensors[name] = t
     kinds = kernel_kinds({name: t.tensor_type for name, t in tensors.items() if len(t.shape) == 2})
-    quantized = GGUFBlocks({name: t for name, t in tensors.items()
-                            if len(t.shape) == 2 and kinds.get(name) and t.tensor_type in BLOCK_TYPES
-                            and hf_shape(t)[1] % BLOCK == 0}, kinds, config)
+    quantized = GGUFBlocks(
+        {
+            name: t
+            for name, t in tensors.items() if len(t.shape) == 2 and kinds.get(name) and
+            t.tensor_type in BLOCK_TYPES and hf_shape(t)[1] % BLOCK == 0
+        }, kinds, config)
     weights = GGUFWeights(tensors, config, dtype)
     types = tensor_type_counts(file)
     log.info(

@@ -1,4 +1,5 @@
-"""A GGUF file's header read directly: metadata as Python values, tensors as views of the memory-mapped file.
+"""A GGUF file's header read directly: metadata as Python values, tensors as views of the
+memory-mapped file.
 
 gguf-py's GGUFReader builds numpy objects for every element of every array (seconds per 150k-token
 vocabulary, paid at each start); this reads strings and numbers straight into Python lists.
@@ -18,9 +19,14 @@ MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
 # GGUF metadata value types -> struct format (8 = string, 9 = array are read apart).
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
-          12: "<f8"}
+_SCALARS = {
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+    12: "<d"
+}
+_NUMPY = {
+    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8",
+    11: "<i8", 12: "<f8"
+}
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 
@@ -114,8 +120,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
     cur.pos = 4
     version = cur.unpack("<I")
     if version not in (2, 3):
-        raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian file "
-                         "reads as a huge version)")
+        raise ValueError(
+            f"{path}: GGUF version {version} is not supported (2 and 3 are; a big-endian file "
+            "reads as a huge version)")
     n_tensors, n_fields = cur.unpack("<Q"), cur.unpack("<Q")
     fields: dict[str, Any] = {}
     for _ in range(n_fields):
@@ -138,6 +145,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
         n_bytes = int(np.prod(dims, dtype=np.int64)) // block * size
         begin = start + offset
         if begin + n_bytes > len(mapped):
-            raise ValueError(f"{path}: tensor {name} runs past the end of the file (truncated download?)")
+            raise ValueError(
+                f"{path}: tensor {name} runs past the end of the file (truncated download?)")
         tensors.append(GGUFTensor(name, dims, qtype, n_bytes, mapped[begin:begin + n_bytes]))
     return GGUFFile(path, version, fields, tensors)

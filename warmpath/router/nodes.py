@@ -1,13 +1,13 @@
-"""The nodes behind the router: which they are (from the config and the nodes file, reloaded when it changes),
-their engine (router/engines.py), health, drain, load (router/scorer.py) and prefix-cache counters, read from
-their own /metrics at every health interval.
+"""The nodes behind the router: which they are (from the config and the nodes file, reloaded when it
+changes), their engine (router/engines.py), health, drain, load (router/scorer.py) and prefix-cache
+counters, read from their own /metrics at every health interval.
 
 A node is *available* for new requests when it is healthy and not draining. It turns unhealthy after
-`health_failures` failed `/health` checks in a row, or at once when it refuses a connection; it becomes
-healthy again at the first check that passes. Draining stops new requests while its streams finish. A node
-that turns unhealthy ends its requests in flight: those that sent nothing to the client yet fail over, the
-streams already started end with the error event. A change of the nodes file applies once it is stable and parses,
-and never empties the pool (NodesFileState).
+`health_failures` failed `/health` checks in a row, or at once when it refuses a connection; it
+becomes healthy again at the first check that passes. Draining stops new requests while its streams
+finish. A node that turns unhealthy ends its requests in flight: those that sent nothing to the
+client yet fail over, the streams already started end with the error event. A change of the nodes
+file applies once it is stable and parses, and never empties the pool (NodesFileState).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from warmpath.router.scorer import node_load
 
 log = logging.getLogger(__name__)
 
-# The prefix-cache counters (in tokens) the router sums over the nodes, whatever each engine calls them.
+# The prefix-cache counters (in tokens) the router sums over the nodes, whatever each engine calls
+# them.
 FLEET_COUNTERS = ("queried", "hit")
 
 
@@ -33,17 +34,21 @@ FLEET_COUNTERS = ("queried", "hit")
 class Node:
     url: str  # base URL, no trailing slash, no /v1
     tier: str = "default"
-    kind: str | None = None  # its engine (router/engines.py); None until detected at the first passing check
+    # its engine (router/engines.py); None until detected at the first passing check
+    kind: str | None = None
     healthy: bool = False  # until the first check passes
     draining: bool = False
     failures: int = 0  # consecutive failed checks
     in_flight: int = 0
     from_file: bool = False  # listed in the nodes file (which then decides whether it stays)
-    removed: bool = False  # gone from the nodes file: no new requests; dropped once its requests end
-    load: NodeLoad | None = None  # its /metrics at the last scrape (None: none read yet, or it has none)
+    # gone from the nodes file: no new requests; dropped once its requests end
+    removed: bool = False
+    # its /metrics at the last scrape (None: none read yet, or it has none)
+    load: NodeLoad | None = None
     restarts_seen: int = 0
     models: list[str] = field(default_factory=list)
-    cards: dict[str, dict] = field(default_factory=dict)  # its /v1/models entries by id (what each model is)
+    # its /v1/models entries by id (what each model is)
+    cards: dict[str, dict] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # last scraped value
     counter_base: dict[str, float] = field(default_factory=dict)  # sums of values before resets
     watches: set = field(default_factory=set)  # the attempts waiting on it (router/watch.py)
@@ -66,13 +71,17 @@ def parse_nodes(config: RouterConfig) -> tuple[list[Node], list[str]]:
     if config.nodes_file:
         nodes += read_nodes_file(config.nodes_file)
     if config.tier and nodes:
-        raise ValueError("give either --node / --nodes-file (one pool) or --tier NAME=URL,... (model tiers), not both")
+        raise ValueError(
+            "give either --node / --nodes-file (one pool) or --tier NAME=URL,... (model tiers), "
+            "not both"
+        )
     tiers = []
     if config.tier:
         for spec in config.tier:
             name, _, members = spec.partition("=")
             if not name or not members or name in tiers:
-                raise ValueError(f"--tier wants NAME=URL[,URL...] with distinct names, got {spec!r}")
+                raise ValueError(
+                    f"--tier wants NAME=URL[,URL...] with distinct names, got {spec!r}")
             tiers.append(name)
             nodes += [new_node(u, tier=name) for u in members.split(",") if u.strip()]
     else:
@@ -90,7 +99,8 @@ def new_node(spec: str, tier: str = "default", draining: bool = False) -> Node:
 
 
 def read_nodes_file(path: str) -> list[Node]:
-    """One node a line: `[ENGINE=]URL [drain]`, `#` comments. ValueError for a line that says something else."""
+    """One node a line: `[ENGINE=]URL [drain]`, `#` comments. ValueError for a line that says
+    something else."""
     with open(path) as f:
         return parse_nodes_text(f.read(), path)
 
@@ -121,23 +131,29 @@ class NodeSet:
         self.nodes = {n.url: n for n in nodes}
         self.http, self.interval_s, self.max_failures, self.floor = http, interval_s, failures, floor
         self.headers = headers or {}
-        self.on_unhealthy = on_unhealthy  # called with a node that left (its cache is gone or unreachable)
-        self.on_members = on_members  # called with the pool's node URLs when the nodes file changed them
+        # called with a node that left (its cache is gone or unreachable)
+        self.on_unhealthy = on_unhealthy
+        # called with the pool's node URLs when the nodes file changed them
+        self.on_members = on_members
         self.nodes_file = nodes_file
-        self._file = NodesFileState(_read(nodes_file))  # what the pool was built from: the first read applied
+        # what the pool was built from: the first read applied
+        self._file = NodesFileState(_read(nodes_file))
         self._task: asyncio.Task | None = None
 
     def available(self, tier: str | None = None) -> list[str]:
-        return [u for u, n in self.nodes.items() if n.available and (tier is None or n.tier == tier)]
+        return [
+            u for u, n in self.nodes.items() if n.available and (tier is None or n.tier == tier)
+        ]
 
     def loads(self) -> dict[str, float]:
         return {u: node_load(n.in_flight, n.load, self.floor) for u, n in self.nodes.items()}
 
-    # -- membership ---------------------------------------------------------------------------------------------
+    # -- membership --------------------------------------------------------------------------------
     def reload(self) -> bool:
-        """Read the nodes file again; a change applies once it is stable and parses (NodesFileState): new nodes join
-        (once healthy), removed ones take no new requests and are dropped when their last request ends, `drain` is
-        applied. True when the pool's members changed."""
+        """Read the nodes file again; a change applies once it is stable and parses
+        (NodesFileState): new nodes join (once healthy), removed ones take no new requests and are
+        dropped when their last request ends, `drain` is applied. True when the pool's members
+        changed."""
         text = _read(self.nodes_file)
         if not self._file.settled(text):
             return False
@@ -146,7 +162,8 @@ class NodeSet:
         except ValueError as e:
             log.error("nodes file not reloaded: %s", e)
             return False
-        if not listed:  # an editor's truncation, or a slip: a router needs nodes, and the index is theirs
+        if not listed:
+            # an editor's truncation, or a slip: a router needs nodes, and the index is theirs
             log.error("nodes file %s lists no node: the pool is kept as it is", self.nodes_file)
             return False
         pool = {u for u, n in self.nodes.items() if n.from_file and not n.removed}
@@ -163,14 +180,15 @@ class NodeSet:
             self.nodes[url].removed = True
         self._drop_removed()
         if set(listed) != pool and self.on_members:
-            self.on_members([u for u, n in self.nodes.items() if n.tier == "default" and not n.removed])
+            self.on_members(
+                [u for u, n in self.nodes.items() if n.tier == "default" and not n.removed])
         return set(listed) != pool
 
     def _drop_removed(self) -> None:
         for url in [u for u, n in self.nodes.items() if n.removed and n.in_flight == 0]:
             del self.nodes[url]
 
-    # -- health -----------------------------------------------------------------------------------------------
+    # -- health ------------------------------------------------------------------------------------
     async def check(self, node: Node) -> bool:
         try:
             r = await self.http.get(node.url + "/health", timeout=max(0.5, self.interval_s))
@@ -192,7 +210,8 @@ class NodeSet:
         if node.healthy:
             log.warning("node %s leaves the ring: %s", node.url, why)
             node.healthy = False
-            for watch in list(node.watches):  # its requests in flight fail over, or end their stream
+            for watch in list(node.watches):
+                # its requests in flight fail over, or end their stream
                 watch.node_left()
             if self.on_unhealthy:
                 self.on_unhealthy(node)
@@ -228,10 +247,10 @@ class NodeSet:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    # -- the nodes' own counters --------------------------------------------------------------------------------
+    # -- the nodes' own counters -------------------------------------------------------------------
     async def scrape(self) -> None:
-        """Refresh every healthy node's load and fleet counters from its /metrics (a node that is down keeps its
-        last counters; its load is not read)."""
+        """Refresh every healthy node's load and fleet counters from its /metrics (a node that is
+        down keeps its last counters; its load is not read)."""
         async def one(node: Node) -> None:
             if not node.healthy or not (node.engine.running or node.engine.prefix_counters):
                 return
@@ -255,16 +274,18 @@ class NodeSet:
 
 @dataclass
 class NodesFileState:
-    """When a read of the nodes file may change the pool: an editor rewrites a file in steps (truncate, then write;
-    or a line at a time), and a read in between sees a file nobody meant. So a content applies only once two
-    reads in a row (a health interval apart) found it, and differs from the one applied; each is judged once."""
+    """When a read of the nodes file may change the pool: an editor rewrites a file in steps
+    (truncate, then write; or a line at a time), and a read in between sees a file nobody meant. So
+    a content applies only once two reads in a row (a health interval apart) found it, and differs
+    from the one applied; each is judged once."""
 
     applied: str | None  # the content the pool follows (None: unreadable)
     seen: str | None = None  # the last read's content, while it waits for a second read
 
     def settled(self, text: str | None) -> bool:
         """Whether this read's content should be applied now."""
-        if text is None or text == self.applied:  # gone or unreadable (kept as it is), or what we follow
+        if text is None or text == self.applied:
+            # gone or unreadable (kept as it is), or what we follow
             self.seen = None
             return False
         if text != self.seen:

@@ -1,15 +1,17 @@
-"""The router's request path: read just enough of a request to route it, answer from the response cache, pick
-nodes with the tier's policy, and send the request to a node, relaying its answer through unbuffered.
+"""The router's request path: read just enough of a request to route it, answer from the response
+cache, pick nodes with the tier's policy, and send the request to a node, relaying its answer
+through unbuffered.
 
-A node that fails before the first byte reaches the client gets one failover to the next candidate while the
-deadline allows; one that fails mid-stream ends the stream with an error event (never a clean [DONE], never a
-replay). A node that sends nothing counts as failed: past `first_byte_timeout` (a stream's first event) or
-`response_timeout` (a whole answer), past `idle_timeout` between two events, or at once when it leaves the
-ring (router/watch.py). Past X-Deadline-Ms the router answers silence itself and closes the upstream stream;
-the node is told the remaining budget. Bad input is the node's to judge, so errors have exactly the node's
-shape (a node's 4xx is relayed as it is, never failed over: it is the request's fault, not the node's); the
-router itself only refuses a bad X-Deadline-Ms, before the cache is consulted. A client that goes away closes
-the upstream stream (the node aborts).
+A node that fails before the first byte reaches the client gets one failover to the next candidate
+while the deadline allows; one that fails mid-stream ends the stream with an error event (never a
+clean [DONE], never a replay). A node that sends nothing counts as failed: past `first_byte_timeout`
+(a stream's first event) or `response_timeout` (a whole answer), past `idle_timeout` between two
+events, or at once when it leaves the ring (router/watch.py). Past X-Deadline-Ms the router answers
+silence itself and closes the upstream stream; the node is told the remaining budget. Bad input is
+the node's to judge, so errors have exactly the node's shape (a node's 4xx is relayed as it is,
+never failed over: it is the request's fault, not the node's); the router itself only refuses a bad
+X-Deadline-Ms, before the cache is consulted. A client that goes away closes the upstream stream
+(the node aborts).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from warmpath.router.watch import Stalled, Watch
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the chosen node, then one failover
-CACHEABLE = {mistral, tabby}  # answers cache.complete_answer can judge (llama.cpp's and Ollama's are never stored)
+# answers cache.complete_answer can judge (llama.cpp's and Ollama's are never stored)
+CACHEABLE = {mistral, tabby}
 STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
 
 
@@ -54,32 +57,38 @@ class _Failed(Exception):
 
 
 class Proxy:
-    """The router's state (nodes, policies, cache, sessions, metrics, the upstream HTTP client) and its
-    request path."""
+    """The router's state (nodes, policies, cache, sessions, metrics, the upstream HTTP client) and
+    its request path."""
 
     def __init__(self, config: RouterConfig):
         self.config = config
         nodes, self.tiers = parse_nodes(config)
-        self.routers = {t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
-                                  config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks,
-                                  config.affinity_floor)
-                        for t in self.tiers}
+        self.routers = {
+            t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
+                      config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks,
+                      config.affinity_floor)
+            for t in self.tiers
+        }
         self.cache = ResponseCache(config.cache_entries, ttl_s=config.cache_ttl)
         self.sessions = SessionLog()
         self.upstream_headers = {"Authorization": f"Bearer {config.upstream_api_key}"} \
             if config.upstream_api_key else {}
-        read = max(config.first_byte_timeout, config.idle_timeout, config.response_timeout)  # a backstop for
-        # a send given up before it wrote its request (router/sending.py); the Watch's bounds are the real ones
+        # a backstop for
+        read = max(config.first_byte_timeout, config.idle_timeout, config.response_timeout)
+        # a send given up before it wrote its request (router/sending.py); the Watch's bounds are
+        # the real ones
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=config.connect_timeout, read=read, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         self.given_up: set[asyncio.Task] = set()  # sends given up, until they end
         self.nodes = NodeSet(nodes, self.http, config.health_interval, config.health_failures,
-                             self.upstream_headers, on_unhealthy=self._forget, floor=config.affinity_floor,
-                             nodes_file=config.nodes_file, on_members=self.routers[self.tiers[0]].set_nodes)
+                             self.upstream_headers, on_unhealthy=self._forget,
+                             floor=config.affinity_floor, nodes_file=config.nodes_file,
+                             on_members=self.routers[self.tiers[0]].set_nodes)
         self.metrics = RouterMetrics(self.nodes, self.routers)
 
-    def _forget(self, node: Node) -> None:  # a node that left may come back empty: its index is stale
+    def _forget(self, node: Node) -> None:
+        # a node that left may come back empty: its index is stale
         self.routers[node.tier].forget(node.url)
 
     async def start(self) -> None:
@@ -91,7 +100,8 @@ class Proxy:
         await self.http.aclose()
 
     def model_card(self, name: str) -> dict:
-        """A model's /v1/models entry as a node serving it describes it (architecture, quantization, FIM, ...)."""
+        """A model's /v1/models entry as a node serving it describes it (architecture, quantization,
+        FIM, ...)."""
         card = next((n.cards[name] for n in self.nodes.nodes.values() if name in n.cards), {})
         return {**card, "id": name, "object": "model", "created": 0, "owned_by": "warmpath"}
 
@@ -102,8 +112,8 @@ class Proxy:
         return names
 
     async def ask_a_node(self, request: Request, path: str, wire=ollama) -> Response:
-        """A metadata request (no routing, no cache): the least loaded available node of the last tier answers, to
-        the same method; faults in `wire`'s shape."""
+        """A metadata request (no routing, no cache): the least loaded available node of the last
+        tier answers, to the same method; faults in `wire`'s shape."""
         available = self.nodes.available(self.tiers[-1])
         meta = Routed(path, b"", None, None, "", "fill", False, None, wire=wire)
         if not available:
@@ -112,15 +122,17 @@ class Proxy:
         auth = self.upstream_headers.get("Authorization") or authorization(request.headers)
         headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
         try:
-            r = await self.http.request(request.method, url + path, content=await request.body(), headers=headers,
-                                        timeout=self.config.response_timeout)
+            r = await self.http.request(request.method, url + path, content=await request.body(),
+                                        headers=headers, timeout=self.config.response_timeout)
         except httpx.HTTPError as e:
             return fault(meta, 502, repr(e), "upstream_failed")
-        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+        return Response(r.content, status_code=r.status_code,
+                        media_type=r.headers.get("content-type"))
 
-    # -- one request --------------------------------------------------------------------------------------------
+    # -- one request -------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response | dict:
-        routed = read_request(path, await request.body(), request.headers, self.config.max_session_id_chars)
+        routed = read_request(path, await request.body(), request.headers,
+                              self.config.max_session_id_chars)
         if routed.session_hashed:  # kept as its hash (api/asgi.py session_key)
             self.metrics.session_ids_hashed.inc()
         tier = self.tiers[0]
@@ -129,20 +141,27 @@ class Proxy:
             if routed.ask is not None:  # the same rule on the Ask's limits and suffix
                 path, body = "/v1/completions", {"max_tokens": routed.ask.max_tokens or 10**9,
                                                  "suffix": routed.ask.fill.suffix}
-            kind = completion_kind(path, body, request.headers.get("x-completion-kind"), self.config.line_max_tokens)
+            kind = completion_kind(path, body, request.headers.get("x-completion-kind"),
+                                   self.config.line_max_tokens)
             tier = self.tiers[0] if kind == LINE else self.tiers[-1]
             self.metrics.tiers.labels(tier, kind).inc()
-        if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (None, *CACHEABLE):
-            # per tenant and tier (cache.py); an editor protocol's own default temperature decides (Tabby's: greedy)
-            body = routed.body if routed.ask is None else {**routed.body, "temperature": routed.ask.temperature}
-            routed.key = cache_key(routed.path, body, authorization(request.headers).encode("latin-1"), tier)
+        if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (
+                None, *CACHEABLE):
+            # per tenant and tier (cache.py); an editor protocol's own default temperature decides
+            # (Tabby's: greedy)
+            body = routed.body if routed.ask is None else {
+                **routed.body, "temperature": routed.ask.temperature
+            }
+            routed.key = cache_key(routed.path, body,
+                                   authorization(request.headers).encode("latin-1"), tier)
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
             if hit:
-                return Response(hit.body, media_type=hit.media_type, headers={"X-Warmpath-Cache": "hit"})
-        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt), self.nodes.available(tier),
-                                             self.nodes.loads())
+                return Response(hit.body, media_type=hit.media_type,
+                                headers={"X-Warmpath-Cache": "hit"})
+        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt),
+                                             self.nodes.available(tier), self.nodes.loads())
         self.metrics.decisions.labels(self.config.policy, decision.decision).inc()
         if routed.session and decision.nodes:
             self.sessions.note(routed.session, decision.nodes[0], True)
@@ -152,7 +171,8 @@ class Proxy:
             return fault(routed, 503, f"no healthy node{where}", "no_healthy_node")
         return await self.failover(request, routed, decision.nodes)
 
-    async def failover(self, request: Request, routed: Routed, candidates: list[str]) -> Response | dict:
+    async def failover(self, request: Request, routed: Routed,
+                       candidates: list[str]) -> Response | dict:
         """The first candidate's answer; the next candidate's if it fails before the first byte."""
         for attempt, url in enumerate(candidates[:MAX_ATTEMPTS]):
             if routed.deadline is not None and time.monotonic() >= routed.deadline:
@@ -160,10 +180,12 @@ class Proxy:
             node = self.nodes.nodes.get(url)
             if node is None:  # gone from the nodes file meanwhile
                 continue
-            own_model = len(self.tiers) > 1 and (routed.model is None or routed.model in self.model_names())
+            own_model = len(self.tiers) > 1 and (routed.model is None or
+                                                 routed.model in self.model_names())
             path, payload, convert = prepare(node, routed, own_model, self.config.completion_scope)
             if routed.session and attempt:
-                self.sessions.note(routed.session, url, False)  # failed over: the prefix now grows there
+                # failed over: the prefix now grows there
+                self.sessions.note(routed.session, url, False)
             try:
                 return await self.send(request, node, path, payload, routed, convert)
             except _Failed as e:
@@ -174,23 +196,26 @@ class Proxy:
             self.metrics.degraded.labels("deadline").inc()
             return silence(routed, {})
         self.metrics.degraded.labels("nodes_failed").inc()
-        return fault(routed, 502, "the nodes tried for this request failed before answering", "upstream_failed")
+        return fault(routed, 502, "the nodes tried for this request failed before answering",
+                     "upstream_failed")
 
     async def send(self, request: Request, node: Node, path: str, payload: bytes, routed: Routed,
                    convert: Translation | Collected | None = None) -> Response:
-        """One attempt on one node. Raises _Failed while nothing has reached the client yet: the node refused,
-        failed, answered 5xx, sent nothing within its bound (first event of a stream, or a whole answer) or
-        left the ring."""
+        """One attempt on one node. Raises _Failed while nothing has reached the client yet: the
+        node refused, failed, answered 5xx, sent nothing within its bound (first event of a stream,
+        or a whole answer) or left the ring."""
         node.in_flight += 1
         self.metrics.requests.labels(node.url).inc()
         deadline, watch = routed.deadline, Watch(node)
-        first = time.monotonic() + (self.config.first_byte_timeout if routed.stream else self.config.response_timeout)
+        first = time.monotonic() + (self.config.first_byte_timeout
+                                    if routed.stream else self.config.response_timeout)
         resp: httpx.Response | None = None
         handed_over = False  # the relay generator owns resp, the watch and in_flight from here
         try:
-            req = self.http.build_request("POST", node.url + path, content=payload,
-                                          headers=forward_headers(request.headers, routed.session, routed.deadline,
-                                                                  self.upstream_headers.get("Authorization")))
+            req = self.http.build_request(
+                "POST", node.url + path, content=payload,
+                headers=forward_headers(request.headers, routed.session, routed.deadline,
+                                        self.upstream_headers.get("Authorization")))
             sending = Send(self.http, req, self.given_up)
             try:
                 async with watch.until(deadline, first, "the answer"):
@@ -205,27 +230,33 @@ class Proxy:
                 raise _Failed(f"HTTP {resp.status_code}")
             media = resp.headers.get("content-type", "application/json")
             headers = {"X-Warmpath-Node": node.url}
-            if resp.status_code != 200:  # bad input, auth, unknown model: the node's answer, as it gave it
+            if resp.status_code != 200:
+                # bad input, auth, unknown model: the node's answer, as it gave it
                 async with watch.until(deadline, first, "the answer"):
                     body = await resp.aread()
                 if convert is not None:  # ... in the protocol the client speaks
-                    return fault(routed, resp.status_code, upstream_message(body), "upstream_rejected")
-                return Response(body, status_code=resp.status_code, media_type=media, headers=headers)
+                    return fault(routed, resp.status_code, upstream_message(body),
+                                 "upstream_rejected")
+                return Response(body, status_code=resp.status_code, media_type=media,
+                                headers=headers)
             if convert is not None and convert.collect:  # streamed from the node, answered whole
                 async with watch.until(deadline, first, "the answer"):
-                    body = await unless_disconnected(request, convert.gather(wire.sse_events(resp.aiter_raw())))
+                    body = await unless_disconnected(
+                        request, convert.gather(wire.sse_events(resp.aiter_raw())))
                 return self.whole(routed, body, "application/json", headers)
             if routed.stream and media.startswith(STREAM_MEDIA):
                 framing = routed.wire.FRAMING if routed.wire and not convert else "sse"
-                events = (wire.ndjson_lines if framing == "ndjson" else wire.sse_events)(resp.aiter_raw())
+                events = (wire.ndjson_lines if framing == "ndjson" else wire.sse_events)(
+                    resp.aiter_raw())
                 if convert is not None:
                     events, media = convert.events(events), convert.media
                 async with watch.until(deadline, first, "the first event"):
                     head = await unless_disconnected(request, anext(events))
                 stream = self.relay(head, events, resp, watch, routed)
                 handed_over = True
-                # Started here, so its cleanup (in-flight count, upstream close) runs even if the client is gone
-                # before the response starts iterating: a started async generator is closed when collected.
+                # Started here, so its cleanup (in-flight count, upstream close) runs even if the
+                # client is gone before the response starts iterating: a started async generator is
+                # closed when collected.
                 head = await anext(stream)
                 return StreamingResponse(_prepend(head, stream), media_type=media,
                                          headers={**headers, **wire.SSE_HEADERS})
@@ -234,12 +265,15 @@ class Proxy:
             if convert is not None:
                 body, media = convert.answer(body), "application/json"
             return self.whole(routed, body, media, headers)
-        except ClientGone:  # a newer keystroke: closing the upstream stream (below) aborts it on the node
+        except ClientGone:
+            # a newer keystroke: closing the upstream stream (below) aborts it on the node
             return Response(status_code=499)
-        except TimeoutError:  # past the deadline before the answer: silence, the upstream is closed below
+        except TimeoutError:
+            # past the deadline before the answer: silence, the upstream is closed below
             self.metrics.degraded.labels("deadline").inc()
             return silence(routed, {"X-Warmpath-Node": node.url})
-        except (httpx.HTTPError, StopAsyncIteration, Stalled, ValueError) as e:  # nothing sent to the client yet
+        except (httpx.HTTPError, StopAsyncIteration, Stalled, ValueError) as e:
+            # nothing sent to the client yet
             # (ValueError: a translated answer that is not the OpenAI JSON it should be)
             raise _Failed(str(e) if isinstance(e, Stalled) else repr(e)) from None
         finally:
@@ -254,14 +288,15 @@ class Proxy:
             self.cache.put(routed.key, body, media)
         return Response(body, media_type=media, headers=headers)
 
-    async def relay(self, first: bytes, events: AsyncIterator[bytes], resp: httpx.Response, watch: Watch,
-                    routed: Routed) -> AsyncIterator[bytes]:
+    async def relay(self, first: bytes, events: AsyncIterator[bytes], resp: httpx.Response,
+                    watch: Watch, routed: Routed) -> AsyncIterator[bytes]:
         node, kept = watch.node, bytearray(first) if routed.key is not None else None
         try:
             yield first
             while True:
                 try:
-                    async with watch.until(routed.deadline, time.monotonic() + self.config.idle_timeout,
+                    async with watch.until(routed.deadline,
+                                           time.monotonic() + self.config.idle_timeout,
                                            "the next event"):
                         event = await anext(events)
                 except StopAsyncIteration:
@@ -271,7 +306,8 @@ class Proxy:
                     yield silence_events(routed)
                     return
                 except (httpx.HTTPError, Stalled) as e:
-                    log.warning("node %s failed mid-stream: %s", node.url, e if isinstance(e, Stalled) else repr(e))
+                    log.warning("node %s failed mid-stream: %s", node.url,
+                                e if isinstance(e, Stalled) else repr(e))
                     self.metrics.degraded.labels("mid_stream_failure").inc()
                     message = "the node serving this stream failed; the answer is incomplete"
                     yield routed.wire.stream_error(message) if routed.wire else \
@@ -281,8 +317,10 @@ class Proxy:
                     kept += event
                 yield event
             if kept is not None and complete_answer(bytes(kept), streamed=True):
-                self.cache.put(routed.key, bytes(kept), resp.headers.get("content-type", "text/event-stream"))
-        finally:  # also on client disconnect (the generator is closed): the node sees its stream closed
+                self.cache.put(routed.key, bytes(kept),
+                               resp.headers.get("content-type", "text/event-stream"))
+        finally:
+            # also on client disconnect (the generator is closed): the node sees its stream closed
             node.in_flight -= 1
             watch.close()
             await resp.aclose()
@@ -290,16 +328,19 @@ class Proxy:
 
 def fault(routed: Routed, status: int, message: str, code: str) -> Response:
     """The router's own error, in the request's protocol (JSON, or Tabby's plain text)."""
-    body = routed.wire.error(status, message).body if routed.wire else error_body(message, "server_error", code=code)
+    body = routed.wire.error(status, message).body if routed.wire else error_body(
+        message, "server_error", code=code)
     return PlainTextResponse(body, status_code=status) if isinstance(body, str) else \
         JSONResponse(body, status_code=status)
 
 
 def silence_events(routed: Routed) -> bytes:
-    """The end of a stream past the deadline, in the request's protocol (empty text, never an error)."""
+    """The end of a stream past the deadline, in the request's protocol (empty text, never an
+    error)."""
     if routed.wire is None:
         return wire.silence_sse(routed.kind, routed.model).encode()
-    return routed.wire.end(routed.ask or Ask(stream=True), wire.new_id("route"), Outcome(), routed.model)
+    return routed.wire.end(routed.ask or Ask(stream=True), wire.new_id("route"), Outcome(),
+                           routed.model)
 
 
 def silence(routed: Routed, headers: dict) -> Response:
@@ -309,8 +350,9 @@ def silence(routed: Routed, headers: dict) -> Response:
         return StreamingResponse(iter([silence_events(routed)]), media_type=media, headers=headers)
     if routed.wire is None:
         return JSONResponse(wire.silence(routed.kind, routed.model), headers=headers)
-    return Response(routed.wire.answer(routed.ask or Ask(), wire.new_id("route"), Outcome(), routed.model),
-                    media_type="application/json", headers=headers)
+    return Response(
+        routed.wire.answer(routed.ask or Ask(), wire.new_id("route"), Outcome(), routed.model),
+        media_type="application/json", headers=headers)
 
 
 async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

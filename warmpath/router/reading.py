@@ -1,5 +1,6 @@
-"""What the router reads of a request before it routes it: the editor protocol it speaks, its body when that is a
-JSON object, the session, the prompt's text for prefix matching, the deadline (the node judges everything else)."""
+"""What the router reads of a request before it routes it: the editor protocol it speaks, its body
+when that is a JSON object, the session, the prompt's text for prefix matching, the deadline (the
+node judges everything else)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from warmpath.api.asgi import parse_deadline, session_key
 from warmpath.api.ask import Ask
 from warmpath.api.protocol import ApiError, content_text
 
-# The editor protocols, by path: each body read as its Ask (api/ask.py), answered in its own shapes. Tabby's
-# shares /v1/completions with OpenAI's: told apart by the body (editor_wire).
+# The editor protocols, by path: each body read as its Ask (api/ask.py), answered in its own shapes.
+# Tabby's shares /v1/completions with OpenAI's: told apart by the body (editor_wire).
 EDITOR_WIRES = {path: w for w in (infill, ollama, mistral) for path in w.PATHS}
 
 
 @dataclass
 class Routed:
-    """What the router learned from a request: its body (None if not a JSON object), routing key, deadline."""
+    """What the router learned from a request: its body (None if not a JSON object), routing key,
+    deadline."""
 
     path: str
     raw: bytes
@@ -32,7 +34,8 @@ class Routed:
     key: str | None = None  # the response-cache key, for a deterministic request
     wire: object = None  # an editor protocol's module (EDITOR_WIRES), None for OpenAI's
     ask: Ask | None = None  # its body as an Ask, when it parsed (else the node answers the 400)
-    session_hashed: bool = False  # the client's session id was over the cap: `session` is its hash (api/asgi.py)
+    # the client's session id was over the cap: `session` is its hash (api/asgi.py)
+    session_hashed: bool = False
 
     @property
     def model(self):
@@ -51,7 +54,8 @@ def read_request(path: str, raw: bytes, headers, max_session_id_chars: int = 128
     deadline = parse_deadline(headers, time.monotonic())
     try:
         body = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep: the node answers the 400
+    except (ValueError, RecursionError):
+        # not JSON, not UTF-8, nested too deep: the node answers the 400
         body = None
     if not isinstance(body, dict):
         body = None
@@ -77,9 +81,13 @@ def read_request(path: str, raw: bytes, headers, max_session_id_chars: int = 128
         if isinstance(prompt, list):
             prompt = ",".join(str(t) for t in prompt)
         prompt = prompt if isinstance(prompt, str) else ""
-        extra = b.get("extra")  # repository context goes before the prompt, sorted, as the server renders it
+        # repository context goes before the prompt, sorted, as the server renders it
+        extra = b.get("extra")
         if isinstance(extra, list) and prompt:
-            files = sorted({f"{e.get('filename')}\x1f{e.get('text')}\x1e" for e in extra if isinstance(e, dict)})
+            files = sorted({
+                f"{e.get('filename')}\x1f{e.get('text')}\x1e"
+                for e in extra if isinstance(e, dict)
+            })
             prompt = "".join(files) + prompt
     session = session_key(headers, b.get("user"), max_session_id_chars)
     return Routed(path, raw, body, session.key, prompt, kind, b.get("stream") is True, deadline,

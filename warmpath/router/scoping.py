@@ -1,12 +1,14 @@
-"""The completion scope for engines that have none (vLLM, SGLang, llama.cpp): the router ends their fill-in-the-middle
-answers where `warmpath serve` ends its own (api/scope.py, with /infill's n_indent), and closes the node's stream at
-the cut, so the node stops decoding; mid-line, on an engine that can be told how its answer begins, the prompt
-leaves the line's last word out for the answer to write again (healing.py). Such answers are always streamed from
-the node; a client that asked for one whole answer gets it made here.
+"""The completion scope for engines that have none (vLLM, SGLang, llama.cpp): the router ends their
+fill-in-the-middle answers where `warmpath serve` ends its own (api/scope.py, with /infill's
+n_indent), and closes the node's stream at the cut, so the node stops decoding; mid-line, on an
+engine that can be told how its answer begins, the prompt leaves the line's last word out for the
+answer to write again (healing.py). Such answers are always streamed from the node; a client that
+asked for one whole answer gets it made here.
 
-Which requests: a completion with a `suffix` (the router renders its FIM prompt for the node), one whose prompt is
-written in the node's family's FIM layout (Zed's), and an editor protocol's fill (translate.py). The scope is the
-request's (`scope`, which the node never sees), else the router's --completion-scope."""
+Which requests: a completion with a `suffix` (the router renders its FIM prompt for the node), one
+whose prompt is written in the node's family's FIM layout (Zed's), and an editor protocol's fill
+(translate.py). The scope is the request's (`scope`, which the node never sees), else the router's
+--completion-scope."""
 
 from __future__ import annotations
 
@@ -25,17 +27,17 @@ from warmpath.router.translate import openai_chunks
 
 
 def fill_cutter(ask: Ask, model: str, default: str, heal: bool) -> Chain | None:
-    """The cutter of an editor protocol's ask sent to a node of `model` (None: nothing to cut); `heal`: the node's
-    engine can be told how its answer begins (healing.py)."""
+    """The cutter of an editor protocol's ask sent to a node of `model` (None: nothing to cut);
+    `heal`: the node's engine can be told how its answer begins (healing.py)."""
     cursor = render(ask.fill, detect_fim(model=model)).cursor
     return _chain(cursor, ask.scope or default, ask.n_indent,
                   heal=heal and ask.fill.suffix is not None and not ask.chat)
 
 
 def body_cutter(body: dict, model: str, default: str, heal: bool) -> Chain | None:
-    """The cutter of an OpenAI completion body (its `prompt` and `suffix`, or a prompt in the FIM layout of
-    `model`'s family) sent to a node of `model`; `heal` as for fill_cutter (not where the client constrains the
-    answer itself)."""
+    """The cutter of an OpenAI completion body (its `prompt` and `suffix`, or a prompt in the FIM
+    layout of `model`'s family) sent to a node of `model`; `heal` as for fill_cutter (not where the
+    client constrains the answer itself)."""
     prompt, suffix = body.get("prompt"), body.get("suffix")
     if not isinstance(prompt, str) or (suffix is not None and not isinstance(suffix, str)):
         return None
@@ -45,9 +47,11 @@ def body_cutter(body: dict, model: str, default: str, heal: bool) -> Chain | Non
     return _chain(cursor, scope, heal=heal)
 
 
-def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0, heal: bool = False) -> Chain | None:
-    """`heal`: the router renders the prompt (a FIM request, not one written in the family's layout), so it can
-    leave the cursor line's last word out for the engine to write again (healing.py)."""
+def _chain(cursor: tuple[str, str] | None, scope: str, n_indent: int = 0,
+           heal: bool = False) -> Chain | None:
+    """`heal`: the router renders the prompt (a FIM request, not one written in the family's
+    layout), so it can leave the cursor line's last word out for the engine to write again
+    (healing.py)."""
     if cursor is None:
         return None
     text = given_back(cursor[0]) if heal else ""
@@ -64,8 +68,8 @@ def without_scope(body: dict) -> dict:
 
 @dataclass
 class Scoped:
-    """An OpenAI completion from the node's stream, cut by the scope: relayed as a stream, or made whole here
-    (`collect`). The upstream stream ends at the cut (the caller closes it)."""
+    """An OpenAI completion from the node's stream, cut by the scope: relayed as a stream, or made
+    whole here (`collect`). The upstream stream ends at the cut (the caller closes it)."""
 
     cutter: Chain
     collect: bool

@@ -1,11 +1,12 @@
 """One request's send to a node, as a task the router can give up on safely.
 
-httpcore leaves a connection whose send is cancelled between its TCP connect and the start of its request open
-and unusable in the pool for good (encode/httpcore#1093): never reused, never reaped, in CLOSE-WAIT once the node's
-header timeout closes it. A request past its deadline or whose client hung up is given up at any moment, so in a
-flood of them such connections pile up. A send is therefore cancelled only once its request is being written
-(from there httpcore closes the connection, and the node aborts the request); given up before that, it finishes
-alone and its answer is closed as soon as it comes.
+httpcore leaves a connection whose send is cancelled between its TCP connect and the start of its
+request open and unusable in the pool for good (encode/httpcore#1093): never reused, never reaped,
+in CLOSE-WAIT once the node's header timeout closes it. A request past its deadline or whose client
+hung up is given up at any moment, so in a flood of them such connections pile up. A send is
+therefore cancelled only once its request is being written (from there httpcore closes the
+connection, and the node aborts the request); given up before that, it finishes alone and its answer
+is closed as soon as it comes.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import asyncio
 
 import httpx
 
-WRITING = "http11.send_request_headers.started"  # httpcore's trace event: the connection is the request's
+# httpcore's trace event: the connection is the request's
+WRITING = "http11.send_request_headers.started"
 
 
 class Send:
-    def __init__(self, http: httpx.AsyncClient, request: httpx.Request, unfinished: set[asyncio.Task]):
+
+    def __init__(self, http: httpx.AsyncClient, request: httpx.Request,
+                 unfinished: set[asyncio.Task]):
         self.writing = False
-        self.unfinished = unfinished  # holds the tasks given up until they end (the loop keeps none)
+        # holds the tasks given up until they end (the loop keeps none)
+        self.unfinished = unfinished
         request.extensions["trace"] = self._trace
         self.task = asyncio.ensure_future(http.send(request, stream=True))
 

@@ -1,4 +1,5 @@
-"""Where each recent session's latest request went (the node where its prefix is warm), for /admin/sessions."""
+"""Where each recent session's latest request went (the node where its prefix is warm), for
+/admin/sessions."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ SESSIONS_KEPT = 10_000
 
 
 class SessionLog:
-    """session -> {"node": where its latest request went, "requests": how many it sent}; bounded, the least
-    recently seen session dropped first."""
+    """session -> {"node": where its latest request went, "requests": how many it sent}; bounded,
+    the least recently seen session dropped first."""
 
     def __init__(self, kept: int = SESSIONS_KEPT):
         self.kept = kept

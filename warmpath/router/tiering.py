@@ -1,13 +1,13 @@
 """Model tiering: which tier (small fast model or large model) a request goes to.
 
-The rule (documented in docs/router.md): a request is a *line* completion, sent to the first (smallest) tier,
-when
+The rule (documented in docs/router.md): a request is a *line* completion, sent to the first
+(smallest) tier, when
 - it carries `X-Completion-Kind: line`, or
-- it is a `/v1/completions` request with `max_tokens` <= `line_max_tokens` and either no suffix or a suffix
-  whose first line (the rest of the cursor's line) is empty or only closing brackets, quotes and
-  punctuation, i.e. the developer is at the end of a line and wants that line finished.
-Everything else (multi-line completions, chat, explain, agent turns, `X-Completion-Kind: block|chat`) goes to
-the last (largest) tier.
+- it is a `/v1/completions` request with `max_tokens` <= `line_max_tokens` and either no suffix or a
+  suffix whose first line (the rest of the cursor's line) is empty or only closing brackets, quotes
+  and punctuation, i.e. the developer is at the end of a line and wants that line finished.
+Everything else (multi-line completions, chat, explain, agent turns, `X-Completion-Kind:
+block|chat`) goes to the last (largest) tier.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Answers made by the router from a node's OpenAI answer:
 
-- Translation: an editor protocol's request for a node whose engine does not speak it (vLLM, SGLang: no /infill,
-  no Ollama or Tabby API) goes as an OpenAI completion (a chat completion for Ollama's templated generate); the
-  node's answer, whole or streamed, comes back in the protocol's own answer and events. upstream.py then renders
-  the FIM prompt for the engine as for any OpenAI client.
-- Collected: a whole (non-streamed) OpenAI answer asked of an engine that aborts only streams when the client
-  goes away (llama-server): streamed from the node, the whole answer made here, so a deadline or a client that
-  leaves still stops the node.
+- Translation: an editor protocol's request for a node whose engine does not speak it (vLLM, SGLang:
+  no /infill, no Ollama or Tabby API) goes as an OpenAI completion (a chat completion for Ollama's
+  templated generate); the node's answer, whole or streamed, comes back in the protocol's own answer
+  and events. upstream.py then renders the FIM prompt for the engine as for any OpenAI client.
+- Collected: a whole (non-streamed) OpenAI answer asked of an engine that aborts only streams when
+  the client goes away (llama-server): streamed from the node, the whole answer made here, so a
+  deadline or a client that leaves still stops the node.
 """
 
 from __future__ import annotations
@@ -21,19 +21,22 @@ from warmpath.api.ask import Ask, Outcome
 
 
 def openai_request(ask: Ask, model: str | None) -> tuple[str, dict]:
-    """(path, body) of the OpenAI request that runs an editor protocol's `ask` (the way back of protocol.py's
-    CompletionRequest.ask and ChatRequest.ask)."""
+    """(path, body) of the OpenAI request that runs an editor protocol's `ask` (the way back of
+    protocol.py's CompletionRequest.ask and ChatRequest.ask)."""
     fill = ask.fill
     if ask.chat:
         messages = [{"role": "system", "content": ask.system}] if ask.system else []
-        path, body = "/v1/chat/completions", {"messages": [*messages, {"role": "user", "content": fill.prefix}]}
+        path, body = "/v1/chat/completions", {
+            "messages": [*messages, {"role": "user", "content": fill.prefix}]
+        }
     else:
         path, body = "/v1/completions", {"prompt": fill.prefix + fill.middle}
         if fill.suffix is not None:
             body["suffix"] = fill.suffix
         if fill.extra:
             body["extra"] = [{"filename": e.filename, "text": e.text} for e in fill.extra]
-    body.update(model=model or ask.model, temperature=ask.temperature, top_p=ask.top_p, stream=ask.stream)
+    body.update(model=model or ask.model, temperature=ask.temperature, top_p=ask.top_p,
+                stream=ask.stream)
     if ask.max_tokens is not None:  # 0 (a warm-up: only fill the cache) runs one token, never shown
         body["max_tokens"] = max(1, ask.max_tokens)
     if ask.stop:
@@ -47,7 +50,8 @@ def openai_request(ask: Ask, model: str | None) -> tuple[str, dict]:
 
 @dataclass
 class Translation:
-    """One attempt's conversion back: the protocol (an api/ module), its Ask, and what the node reported."""
+    """One attempt's conversion back: the protocol (an api/ module), its Ask, and what the node
+    reported."""
 
     wire: object
     ask: Ask
@@ -60,7 +64,8 @@ class Translation:
 
     @property
     def media(self) -> str:
-        return getattr(self.wire, "STREAM_MEDIA", "application/json") if self.ask.stream else "application/json"
+        return getattr(self.wire, "STREAM_MEDIA",
+                       "application/json") if self.ask.stream else "application/json"
 
     def _read(self, choice: dict, usage: dict | None) -> str:
         text = choice.get("text")
@@ -71,7 +76,8 @@ class Translation:
         if usage:
             self.out.prompt_tokens = usage.get("prompt_tokens") or 0
             self.out.generated_tokens = usage.get("completion_tokens") or 0
-            self.out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            self.out.cached_tokens = (usage.get("prompt_tokens_details") or
+                                      {}).get("cached_tokens") or 0
         if self.cutter is not None:
             text = self.cutter.feed(text, final=bool(choice.get("finish_reason")))
             if self.cutter.cut:
@@ -90,27 +96,32 @@ class Translation:
         """The node's whole OpenAI answer as the protocol's."""
         data = json.loads(body)
         choice = (data.get("choices") or [{}])[0]
-        self.out.text = self._read({**choice, "finish_reason": choice.get("finish_reason") or "stop"},
-                                   data.get("usage"))
-        return self.wire.answer(self.ask, data.get("id") or wire_shapes.new_id("route"), self._timed(), self.model)
+        self.out.text = self._read(
+            {**choice, "finish_reason": choice.get("finish_reason") or "stop"}, data.get("usage"))
+        return self.wire.answer(self.ask,
+                                data.get("id") or wire_shapes.new_id("route"), self._timed(),
+                                self.model)
 
     async def gather(self, events: AsyncIterator[bytes]) -> bytes:
         """The protocol's whole answer from the node's stream."""
         async for chunk in openai_chunks(events):
             self.out.text += self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
-            if self.cutter is not None and self.cutter.cut:  # the scope ended it: the node's stream is closed
+            if self.cutter is not None and self.cutter.cut:
+                # the scope ended it: the node's stream is closed
                 break
         return self.wire.answer(self.ask, wire_shapes.new_id("route"), self._timed(), self.model)
 
     async def events(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """The node's SSE events as the protocol's stream: one event per piece of text, its own last event."""
+        """The node's SSE events as the protocol's stream: one event per piece of text, its own last
+        event."""
         request_id = wire_shapes.new_id("route")
         async for chunk in openai_chunks(events):
             text = self._read((chunk.get("choices") or [{}])[0], chunk.get("usage"))
             self.out.text += text
             if text:
                 yield self.wire.event(self.ask, request_id, text, self.out, self.model)
-            if self.cutter is not None and self.cutter.cut:  # the scope ended it: the node's stream is closed
+            if self.cutter is not None and self.cutter.cut:
+                # the scope ended it: the node's stream is closed
                 break
         yield self.wire.end(self.ask, request_id, self._timed(), self.model)
 
@@ -131,7 +142,8 @@ async def openai_chunks(events: AsyncIterator[bytes]) -> AsyncIterator[dict]:
             yield chunk
 
 
-# Body fields whose answer a collected stream cannot rebuild: such requests go to the node as they came.
+# Body fields whose answer a collected stream cannot rebuild: such requests go to the node as they
+# came.
 UNCOLLECTABLE = ("n", "best_of", "logprobs", "top_logprobs", "echo", "tools", "response_format")
 
 
@@ -144,7 +156,8 @@ class Collected:
 
     @staticmethod
     def streamed(body: dict) -> dict | None:
-        """The body asking for the same answer as a stream (with usage), or None if it cannot be collected."""
+        """The body asking for the same answer as a stream (with usage), or None if it cannot be
+        collected."""
         if body.get("stream") or any(body.get(f) not in (None, False, 1) for f in UNCOLLECTABLE):
             return None
         return {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -155,16 +168,20 @@ class Collected:
             head = head or chunk
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+                piece = (choice.get("delta") or
+                         {}).get("content") if self.chat else choice.get("text")
                 text.append(piece or "")
                 finish = choice.get("finish_reason") or finish
         whole = "".join(text)
         choice = {"index": 0, "finish_reason": finish, "logprobs": None}
-        choice.update({"message": {"role": "assistant", "content": whole}} if self.chat else {"text": whole})
-        return json.dumps({"id": head.get("id") or wire_shapes.new_id("route"),
-                           "object": "chat.completion" if self.chat else "text_completion",
-                           "created": head.get("created") or int(time.time()), "model": head.get("model"),
-                           "choices": [choice], "usage": usage}).encode()
+        choice.update(
+            {"message": {"role": "assistant", "content": whole}} if self.chat else {"text": whole})
+        return json.dumps({
+            "id": head.get("id") or wire_shapes.new_id("route"),
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": head.get("created") or int(time.time()), "model": head.get("model"),
+            "choices": [choice], "usage": usage
+        }).encode()
 
 
 def upstream_message(body: bytes) -> str:

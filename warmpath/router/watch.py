@@ -1,7 +1,8 @@
-"""How long the router waits on a node. Every wait of one attempt (for the answer's head, its first event, the
-whole body, the next event) is bounded twice: by the request's deadline (past it the client gets silence) and by
-a bound of its own (a node that is hung, frozen or cut off without a reset sends nothing, and would hold the
-request forever). The wait is also cut short at once when the node leaves the ring."""
+"""How long the router waits on a node. Every wait of one attempt (for the answer's head, its first
+event, the whole body, the next event) is bounded twice: by the request's deadline (past it the
+client gets silence) and by a bound of its own (a node that is hung, frozen or cut off without a
+reset sends nothing, and would hold the request forever). The wait is also cut short at once when
+the node leaves the ring."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ class Watch:
 
     @asynccontextmanager
     async def until(self, deadline: float | None, bound: float, what: str):
-        """A wait, up to the monotonic `deadline` (then TimeoutError) and `bound` (then Stalled, naming `what`
-        did not come in time)."""
+        """A wait, up to the monotonic `deadline` (then TimeoutError) and `bound` (then Stalled,
+        naming `what` did not come in time)."""
         if self.left:
             raise Stalled("the node left the ring")
         try:
-            async with asyncio.timeout_at(bound if deadline is None else min(deadline, bound)) as timeout:
+            async with asyncio.timeout_at(bound if deadline is
+                                          None else min(deadline, bound)) as timeout:
                 self._timeout = timeout
                 yield
         except TimeoutError:

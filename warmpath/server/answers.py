@@ -1,6 +1,7 @@
-"""A job's answer in its protocol's shape: the last step of the pipeline (server/pipeline.py). One class per family
-of shapes, each made per request with its Ask: OpenAI's (JSON or SSE chunks, logprobs, echo, the usage chunk) and
-the editor protocols' (an api/ module: NAME, answer, event, end, stream_error, error, STREAM_MEDIA)."""
+"""A job's answer in its protocol's shape: the last step of the pipeline (server/pipeline.py). One
+class per family of shapes, each made per request with its Ask: OpenAI's (JSON or SSE chunks,
+logprobs, echo, the usage chunk) and the editor protocols' (an api/ module: NAME, answer, event,
+end, stream_error, error, STREAM_MEDIA)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class Answers(Protocol):
 
     def broken(self, message: str) -> str | bytes: ...  # a stream's end when the engine died
 
-    def idle(self, finish: str) -> Response: ...  # an answer with nothing run (Ollama's load, an empty warm-up)
+    # an answer with nothing run (Ollama's load, an empty warm-up)
+    def idle(self, finish: str) -> Response: ...
 
     def error(self, e: ApiError) -> ApiError: ...  # our error in the protocol's shape
 
@@ -43,7 +45,8 @@ class OpenAIAnswers:
         self.first = True  # the next event opens the stream: the echo, a chat stream's role
 
     def _logprobs(self, job: Job) -> dict | None:
-        """The logprobs of the job's tokens not yet reported, in the answer's shape; None if not asked for."""
+        """The logprobs of the job's tokens not yet reported, in the answer's shape; None if not
+        asked for."""
         if not job.logprobs_asked:
             return None
         if job.kind == "chat":
@@ -53,23 +56,27 @@ class OpenAIAnswers:
         return view
 
     def whole(self, job: Job) -> Response:
-        return JSONResponse(openai_shapes.answer(job.kind, job.request_id, self.model, job.echo + job.text,
-                                                 job.finish_reason, job.usage(), job.fim_mode, self._logprobs(job),
-                                                 job.confidence))
+        return JSONResponse(
+            openai_shapes.answer(job.kind, job.request_id, self.model,
+                                 job.echo + job.text, job.finish_reason, job.usage(), job.fim_mode,
+                                 self._logprobs(job), job.confidence))
 
     def event(self, job: Job, text: str, finish: str | None = None) -> str:
         first, self.first = self.first, False
         if first and not job.silent:
             text = job.echo + text
-        return openai_shapes.sse(openai_shapes.chunk(
-            job.kind, job.request_id, self.model, text, finish, first, job.fim_mode,
-            None if job.silent else self._logprobs(job), job.confidence if finish is not None else None))
+        return openai_shapes.sse(
+            openai_shapes.chunk(job.kind, job.request_id, self.model, text, finish, first,
+                                job.fim_mode, None if job.silent else self._logprobs(job),
+                                job.confidence if finish is not None else None))
 
     def end(self, job: Job) -> list[str]:
         last = [self.event(job, "", job.finish_reason)]  # the confidence rides on the last chunk
         if self.ask.include_usage:
-            last.append(openai_shapes.sse(openai_shapes.usage_chunk(job.kind, job.request_id, self.model,
-                                                                    job.usage(), job.fim_mode)))
+            last.append(
+                openai_shapes.sse(
+                    openai_shapes.usage_chunk(job.kind, job.request_id, self.model, job.usage(),
+                                              job.fim_mode)))
         return [*last, openai_shapes.SSE_DONE]
 
     def broken(self, message: str) -> str:
@@ -83,7 +90,8 @@ class OpenAIAnswers:
 
 
 class EditorAnswers:
-    """An editor protocol's answers (`wire`: its api/ module). A job the engine failed is the protocol's 500."""
+    """An editor protocol's answers (`wire`: its api/ module). A job the engine failed is the
+    protocol's 500."""
 
     def __init__(self, wire, ask: Ask, model: str):
         self.wire, self.ask, self.model = wire, ask, model
@@ -93,7 +101,8 @@ class EditorAnswers:
         out = job.outcome()
         if out.finish == "error":
             raise self.wire.error(500, ENGINE_FAILED)
-        return Response(self.wire.answer(self.ask, job.request_id, out, self.model), media_type="application/json")
+        return Response(self.wire.answer(self.ask, job.request_id, out, self.model),
+                        media_type="application/json")
 
     def event(self, job: Job, text: str) -> bytes:
         return self.wire.event(self.ask, job.request_id, text, job.outcome(), self.model)

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server over one AsyncEngine: its routes (the editor protocols' are in
-editor_routes.py), each an Ask run by the one pipeline (pipeline.py) over the served model (served_model.py), and
-the app that holds them.
+editor_routes.py), each an Ask run by the one pipeline (pipeline.py) over the served model
+(served_model.py), and the app that holds them.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def _served(request: Request) -> ServedModel:
 async def _run(body: CompletionRequest | ChatRequest, request: Request) -> Response:
     received, s = time.monotonic(), _served(request)
     ask = body.ask()
-    return await request.app.state.pipeline.run(ask, OpenAIAnswers(ask, s.model_name, s.logprob_format), request,
-                                                received)
+    return await request.app.state.pipeline.run(ask,
+                                                OpenAIAnswers(ask, s.model_name, s.logprob_format),
+                                                request, received)
 
 
 @routes.get("/health")
@@ -66,7 +67,8 @@ async def completions(body: CompletionRequest, request: Request):
     return await _run(body, request)
 
 
-# Tabby's completions share the path: the route tells the two by the body's shape (api/tabby.py speaks)
+# Tabby's completions share the path: the route tells the two by the body's shape (api/tabby.py
+# speaks)
 routes.add_api_route("/v1/completions", completions, methods=["POST"],
                      route_class_override=editor_routes.SharedCompletions)
 

@@ -1,11 +1,13 @@
-"""The confidence gate: silence, not a guess, when the model is unsure of a fill-in-the-middle answer.
+"""The confidence gate: silence, not a guess, when the model is unsure of a fill-in-the-middle
+answer.
 
-An unsure suggestion interrupts the developer as much as an error does. The gate judges the answer's first line
-(up to and including the token that ends it, or the end of the answer): its confidence is the geometric mean of
-its tokens' probabilities under the model (exp of their mean log-probability). Below the threshold the answer is
-silenced: empty text, finish_reason "low_confidence", and decoding stops at once. Until it is judged the answer's
-text is held back, so nothing of a silenced answer is ever shown. Every FIM answer is judged (its confidence is
-reported beside the text); threshold 0 never silences."""
+An unsure suggestion interrupts the developer as much as an error does. The gate judges the answer's
+first line (up to and including the token that ends it, or the end of the answer): its confidence is
+the geometric mean of its tokens' probabilities under the model (exp of their mean log-probability).
+Below the threshold the answer is silenced: empty text, finish_reason "low_confidence", and decoding
+stops at once. Until it is judged the answer's text is held back, so nothing of a silenced answer is
+ever shown. Every FIM answer is judged (its confidence is reported beside the text); threshold 0
+never silences."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Incremental detokenization: token ids in, text deltas out, never half a UTF-8 character, stop strings
-honoured across token boundaries and never leaked in part."""
+"""Incremental detokenization: token ids in, text deltas out, never half a UTF-8 character, stop
+strings honoured across token boundaries and never leaked in part."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from warmpath.models.tokenizer import Tokenizer
 
-# Re-decode only this many tokens before the new ones: enough context for byte-level merges, and O(1) a step.
+# Re-decode only this many tokens before the new ones: enough context for byte-level merges, and
+# O(1) a step.
 _CONTEXT_TOKENS = 6
 
 
@@ -22,7 +23,8 @@ class IncrementalDetokenizer:
     text: str = ""  # all text decoded so far (stop-string cut applied)
     emitted: int = 0  # characters of text already handed out
     stopped: bool = False  # a stop string matched: nothing more is emitted
-    heal: str = ""  # the text's start the prompt had already (SamplingParams.heal): dropped before stop strings
+    # the text's start the prompt had already (SamplingParams.heal): dropped before stop strings
+    heal: str = ""
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -46,10 +48,12 @@ class IncrementalDetokenizer:
         return self._release(final=False)
 
     def finish(self) -> str:
-        """The request ended: release whatever was held back (no stop string can complete any more)."""
+        """The request ended: release whatever was held back (no stop string can complete any
+        more)."""
         if self.stopped:
             return ""
-        if self.read_offset < len(self.tokens):  # trailing bytes never completed a character: show as decoded
+        if self.read_offset < len(self.tokens):
+            # trailing bytes never completed a character: show as decoded
             self.text += self._decode(self.tokens[self.prefix_offset :])[
                 len(self._decode(self.tokens[self.prefix_offset : self.read_offset])) :
             ]

@@ -1,7 +1,8 @@
 """The editor protocols' routes on `warmpath serve`: llama.cpp's /infill, Ollama's /api/*, Mistral's
-/v1/fim/completions, Tabby's /v1/health, /v1beta/server_setting, /v1/events and its completions (on OpenAI's
-/v1/completions: SharedCompletions). Each completion is the protocol's Ask run by the one pipeline
-(server/pipeline.py) and answered in its shape (server/answers.py); the model listings are answered here."""
+/v1/fim/completions, Tabby's /v1/health, /v1beta/server_setting, /v1/events and its completions (on
+OpenAI's /v1/completions: SharedCompletions). Each completion is the protocol's Ask run by the one
+pipeline (server/pipeline.py) and answered in its shape (server/answers.py); the model listings are
+answered here."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ routes = APIRouter()
 
 
 class SharedCompletions(APIRoute):
-    """POST /v1/completions is OpenAI's and Tabby's: a body `tabby.speaks` goes to Tabby's handler, any other to
-    the route's own (OpenAI's, validated by FastAPI and documented in /openapi.json as before)."""
+    """POST /v1/completions is OpenAI's and Tabby's: a body `tabby.speaks` goes to Tabby's handler,
+    any other to the route's own (OpenAI's, validated by FastAPI and documented in /openapi.json as
+    before)."""
 
     def get_route_handler(self):
         openai = super().get_route_handler()
@@ -80,8 +82,10 @@ async def ollama_show(request: Request):
     body = parse_json(await request.body(), ollama.error)
     asked = body.get("model") or body.get("name")
     name, layout, family = _ollama_model(request)
-    if not isinstance(asked, str) or ollama.served_name(asked) not in _served(request).accepted_names:
-        return JSONResponse({"error": f"model {asked!r} not found; this server serves {name!r}"}, status_code=404)
+    if not isinstance(asked,
+                      str) or ollama.served_name(asked) not in _served(request).accepted_names:
+        return JSONResponse({"error": f"model {asked!r} not found; this server serves {name!r}"},
+                            status_code=404)
     return ollama.show(name, layout, family, _served(request).engine.max_model_len)
 
 
@@ -96,7 +100,7 @@ async def ollama_version():
     return ollama.version()
 
 
-# -- Tabby --------------------------------------------------------------------------------------------------------
+# -- Tabby -----------------------------------------------------------------------------------------
 def devices(request: Request) -> tuple[str, list[str]]:
     """("cpu" | "cuda", the CUDA devices' names) of the engine, as Tabby's health reports them."""
     device = _served(request).engine.config.device
@@ -108,7 +112,8 @@ def devices(request: Request) -> tuple[str, list[str]]:
 
 
 @routes.get("/v1/health")
-@routes.post("/v1/health", operation_id="tabby_health_post")  # tabby-agent falls back to POST (older Tabby servers)
+# tabby-agent falls back to POST (older Tabby servers)
+@routes.post("/v1/health", operation_id="tabby_health_post")
 async def tabby_health(request: Request):
     return tabby.health(_served(request).model_name, *devices(request))
 

@@ -1,10 +1,11 @@
 """Per-token log-probabilities in OpenAI's two shapes: the completions `logprobs` object (tokens,
-token_logprobs, top_logprobs, text_offset) and chat's `logprobs.content` list (token, logprob, bytes,
-top_logprobs).
+token_logprobs, top_logprobs, text_offset) and chat's `logprobs.content` list (token, logprob,
+bytes, top_logprobs).
 
-A token is named by its text when its bytes are whole UTF-8, else as `bytes:\\xNN...` (OpenAI's form); chat also
-gives the bytes themselves. text_offset counts characters of the answer's text (after the echoed prompt, if
-any). Values are the model's own distribution (engine/sampler.py `token_logprobs`).
+A token is named by its text when its bytes are whole UTF-8, else as `bytes:\\xNN...` (OpenAI's
+form); chat also gives the bytes themselves. text_offset counts characters of the answer's text
+(after the echoed prompt, if any). Values are the model's own distribution (engine/sampler.py
+`token_logprobs`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ FLOOR = -9999.0  # JSON has no -inf; a probability that underflowed is reported 
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2 byte-level BPE's character -> byte map (the inverse of its bytes_to_unicode)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"),
+                    ord("~") + 1)) + list(range(ord("¡"),
+                                                ord("¬") + 1)) + list(range(ord("®"),
+                                                                            ord("ÿ") + 1))
     cs, n = list(bs), 0
     for b in range(256):
         if b not in bs:
@@ -39,7 +43,8 @@ class LogprobFormatter:
         b = self._bytes.get(token_id)
         if b is None:
             piece = self.tokenizer.id_to_token(token_id)
-            if piece and all(c in _BYTES for c in piece):  # byte-level BPE: the piece spells its bytes
+            if piece and all(c in _BYTES for c in piece):
+                # byte-level BPE: the piece spells its bytes
                 b = bytes(_BYTES[c] for c in piece)
             else:
                 b = self.tokenizer.decode([token_id]).encode()
@@ -58,8 +63,8 @@ class LogprobFormatter:
             return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
 
     def completion(self, entries: list[tuple[int, TokenLogprob]], offset: int) -> tuple[dict, int]:
-        """The completions object for these tokens, their text starting at character `offset`; and the offset
-        after them."""
+        """The completions object for these tokens, their text starting at character `offset`; and
+        the offset after them."""
         tokens, values, tops, offsets = [], [], [], []
         for token_id, (lp, alternatives) in entries:
             b = self.token_bytes(token_id)
@@ -67,11 +72,14 @@ class LogprobFormatter:
             tokens.append(name)
             values.append(max(lp, FLOOR))
             top = {self.name(self.token_bytes(a)): max(v, FLOOR) for a, v in alternatives}
-            top.setdefault(name, max(lp, FLOOR))  # the sampled token is always listed (as vLLM does)
+            # the sampled token is always listed (as vLLM does)
+            top.setdefault(name, max(lp, FLOOR))
             tops.append(top)
             offsets.append(offset)
             offset += self.num_chars(token_id)
-        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}, offset
+        return {
+            "tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets
+        }, offset
 
     def chat(self, entries: list[tuple[int, TokenLogprob]]) -> dict:
         def one(token_id: int, lp: float) -> dict:

@@ -1,10 +1,12 @@
-"""Every request's way through `warmpath serve`, whatever its protocol: an Ask (api/ask.py) → its prompt (token ids
-as sent, chat turns through the template, or a Fill fitted to the context: prompt_fitter.py) → a Job (jobs.py) with
-where its answer ends → the answer in the protocol's shape (answers.py), streamed or whole.
+"""Every request's way through `warmpath serve`, whatever its protocol: an Ask (api/ask.py) → its
+prompt (token ids as sent, chat turns through the template, or a Fill fitted to the context:
+prompt_fitter.py) → a Job (jobs.py) with where its answer ends → the answer in the protocol's shape
+(answers.py), streamed or whole.
 
-A late answer is silence, never an error: past X-Deadline-Ms the request is aborted and answered 200 with empty
-text and finish "deadline"; one that cannot start in time is answered at once with "overloaded". A client that
-goes away aborts its request (its blocks return to the pool at once): 499 when the answer was not streamed.
+A late answer is silence, never an error: past X-Deadline-Ms the request is aborted and answered 200
+with empty text and finish "deadline"; one that cannot start in time is answered at once with
+"overloaded". A client that goes away aborts its request (its blocks return to the pool at once):
+499 when the answer was not streamed.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class Pipeline:
 
     async def run(self, ask: Ask, answers: Answers, request: Request, received: float,
                   check_model: bool = True) -> Response:
-        """The whole request; every error (ours or the engine's) in the protocol's own shape. `check_model`:
-        False for protocols whose clients name no model or any (llama.cpp's /infill, Tabby)."""
+        """The whole request; every error (ours or the engine's) in the protocol's own shape.
+        `check_model`: False for protocols whose clients name no model or any (llama.cpp's /infill,
+        Tabby)."""
         try:
             if check_model:
                 self.served.check_model(ask.model)
@@ -50,7 +53,7 @@ class Pipeline:
         except ApiError as e:
             raise answers.error(e) from None
 
-    # -- request → prompt → job ---------------------------------------------------------------------------------
+    # -- request → prompt → job --------------------------------------------------------------------
     async def job(self, ask: Ask, request: Request, received: float) -> Job | None:
         s, warmup = self.served, ask.max_tokens == 0
         prompt, fitted = await self.prompt(ask, warmup)
@@ -60,22 +63,26 @@ class Pipeline:
             raise ApiError(400, "nothing to complete: the prompt is empty", param="prompt")
         if warmup:
             max_tokens = 1
-        elif ask.exact_max_tokens and not fitted:  # OpenAI: the prompt as sent must leave room for it (make())
+        elif ask.exact_max_tokens and not fitted:
+            # OpenAI: the prompt as sent must leave room for it (make())
             max_tokens = ask.max_tokens
         else:
             max_tokens = s.fitter.max_tokens(ask.max_tokens, prompt)
-        # No temperature asked: greedy for a FIM prompt (the answer an editor inserts as it is), else OpenAI's 1.0
+        # No temperature asked: greedy for a FIM prompt (the answer an editor inserts as it is),
+        # else OpenAI's 1.0
         temperature = ask.temperature if ask.temperature is not None else 0.0 if prompt.rendered.fim_mode else 1.0
         job = s.runner.make(ask, prompt.ids, request.headers, received, max_tokens, temperature,
                             s.tenancy(ask, request))
         self.bound(job, prompt, ask)
         job.warmup = warmup
-        if ask.prompt_ms is not None and not warmup:  # a warm-up's whole point is its prompt: never cut short
+        if ask.prompt_ms is not None and not warmup:
+            # a warm-up's whole point is its prompt: never cut short
             job.request.prompt_deadline = received + ask.prompt_ms / 1000
         if ask.predict_ms is not None:
             job.predict_s = ask.predict_ms / 1000
         if ask.echo:
-            job.echo = ask.fill.prefix if ask.fill is not None else s.tokenizer.decode(job.prompt_ids)
+            job.echo = ask.fill.prefix if ask.fill is not None else s.tokenizer.decode(
+                job.prompt_ids)
             job.text_offset = len(job.echo)
         return job
 
@@ -91,8 +98,10 @@ class Pipeline:
             return Prompt(await self._encode_chat(turns), AS_SENT, False), False
         max_len = s.engine.max_model_len
         if ask.exact_max_tokens and ask.max_tokens is not None and ask.max_tokens >= max_len:
-            raise ApiError(400, f"max_tokens ({ask.max_tokens}) leaves no room for a prompt in the model's context "
-                                f"of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"max_tokens ({ask.max_tokens}) leaves no room for a prompt in the model's context "
+                f"of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
         return await s.fitter.fit(ask.fill, 1 if warmup else s.fitter.reserve(ask.max_tokens)), True
 
     async def _encode_chat(self, turns: list[dict]) -> list[int]:
@@ -102,13 +111,16 @@ class Pipeline:
             raise
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
-        except Exception as e:  # a template that fails on these messages is the caller's input problem
-            raise ApiError(400, f"chat template failed on these messages: {e}", param="messages") from None
+        except Exception as e:
+            # a template that fails on these messages is the caller's input problem
+            raise ApiError(400, f"chat template failed on these messages: {e}",
+                           param="messages") from None
 
     def bound(self, job: Job, prompt: Prompt, ask: Ask) -> None:
-        """Where the job's answer ends: at the family's markers (as special tokens: stop ids, never shown; spelled
-        out in text: stop strings), where the completion scope (the ask's, else the server's) or llama.cpp's
-        n_indent cut; a FIM answer is judged by the confidence gate (the ask's threshold, else the server's)."""
+        """Where the job's answer ends: at the family's markers (as special tokens: stop ids, never
+        shown; spelled out in text: stop strings), where the completion scope (the ask's, else the
+        server's) or llama.cpp's n_indent cut; a FIM answer is judged by the confidence gate (the
+        ask's threshold, else the server's)."""
         s, r = self.served, prompt.rendered
         job.fim_mode, job.truncated = r.fim_mode, prompt.truncated
         if r.stops:
@@ -119,20 +131,23 @@ class Pipeline:
         if cut is not None or ask.n_indent:
             job.cutter = Chain(IndentCutter(ask.n_indent) if ask.n_indent else None, cut)
         if r.cursor is not None:  # its tokens' log-probabilities are computed for the gate
-            job.gate = Gate(s.config.min_confidence if ask.min_confidence is None else ask.min_confidence)
+            job.gate = Gate(s.config.min_confidence if ask.min_confidence is
+                            None else ask.min_confidence)
             if job.params.logprobs is None:
                 job.params.logprobs = 0
 
-    # -- job → answer ---------------------------------------------------------------------------------------------
+    # -- job → answer ------------------------------------------------------------------------------
     async def respond(self, job: Job, ask: Ask, answers: Answers, request: Request) -> Response:
-        """The job's answer; one the engine refuses is a 400 before any answer starts, one that cannot start
-        before its deadline is refused at once ("overloaded": silence)."""
+        """The job's answer; one the engine refuses is a 400 before any answer starts, one that
+        cannot start before its deadline is refused at once ("overloaded": silence)."""
         runner = self.served.runner
         runner.start(job)
         if ask.stream:
-            # The background task runs when the response is done, also when the client left before the stream
-            # started (the stream's own cleanup never ran then): the job is counted as the client's abort.
-            return StreamingResponse(self._stream(job, answers), media_type=answers.media, headers=SSE_HEADERS,
+            # The background task runs when the response is done, also when the client left before
+            # the stream started (the stream's own cleanup never ran then): the job is counted as
+            # the client's abort.
+            return StreamingResponse(self._stream(job, answers), media_type=answers.media,
+                                     headers=SSE_HEADERS,
                                      background=BackgroundTask(runner.end, job))
         try:  # not streamed: watch for the client going away while we compute
             await unless_disconnected(request, runner.collect(job))

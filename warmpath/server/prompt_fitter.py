@@ -1,6 +1,7 @@
-"""A text prompt fitted to the context, for every protocol: a Fill rendered in the model's FIM format (api/fim.py),
-cut by one rule when it does not fit, tokenized. OpenAI's completions, llama.cpp's /infill, Ollama, Mistral and
-Tabby all come through here, so an over-long prompt is cut the same way whichever protocol sent it."""
+"""A text prompt fitted to the context, for every protocol: a Fill rendered in the model's FIM
+format (api/fim.py), cut by one rule when it does not fit, tokenized. OpenAI's completions,
+llama.cpp's /infill, Ollama, Mistral and Tabby all come through here, so an over-long prompt is cut
+the same way whichever protocol sent it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from warmpath.server.encoder import PromptEncoder
 class Prompt:
     ids: list[int]
     rendered: Rendered
-    truncated: bool  # repository context, the prefix's first lines or the suffix's last lines were left out
+    # repository context, the prefix's first lines or the suffix's last lines were left out
+    truncated: bool
 
 
 class PromptFitter:
@@ -26,17 +28,20 @@ class PromptFitter:
         self.encoder = PromptEncoder(tokenizer, max_model_len)
 
     def reserve(self, max_tokens: int | None) -> int:
-        """Tokens of the context kept for the answer when a prompt must be cut: what was asked, at most half."""
+        """Tokens of the context kept for the answer when a prompt must be cut: what was asked, at
+        most half."""
         return min(max_tokens or self.max_model_len // 4, self.max_model_len // 2)
 
     def max_tokens(self, asked: int | None, prompt: Prompt) -> int:
-        """What the answer may take: what was asked, within what the context leaves after the prompt."""
+        """What the answer may take: what was asked, within what the context leaves after the
+        prompt."""
         return min(asked or self.max_model_len, self.max_model_len - len(prompt.ids))
 
     async def fit(self, fill: Fill, reserve: int) -> Prompt:
-        """The rendered prompt's ids, leaving `reserve` tokens of the context for the answer. What does not fit is
-        left out, as llama.cpp does, in proportion to the excess: the oldest repository context first, then the
-        prefix's first lines, then the suffix's last lines. 400 when even that cannot make it fit."""
+        """The rendered prompt's ids, leaving `reserve` tokens of the context for the answer. What
+        does not fit is left out, as llama.cpp does, in proportion to the excess: the oldest
+        repository context first, then the prefix's first lines, then the suffix's last lines. 400
+        when even that cannot make it fit."""
         truncated = False
         fill = self.fim.hole_at_end(fill)
         for _ in range(64):
@@ -52,12 +57,17 @@ class PromptFitter:
             truncated = True
             prefix, suffix = fill.prefix.split("\n"), (fill.suffix or "").split("\n")
             if fill.extra:
-                fill = replace(fill, extra=fill.extra[max(1, math.ceil(len(fill.extra) * share)):] if share < 1 else [])
+                fill = replace(
+                    fill, extra=fill.extra[max(1, math.ceil(len(fill.extra) *
+                                                            share)):] if share < 1 else [])
             elif len(prefix) > 1:
-                fill = replace(fill, prefix="\n".join(prefix[max(1, math.ceil(len(prefix) * share)):]))
+                fill = replace(fill,
+                               prefix="\n".join(prefix[max(1, math.ceil(len(prefix) * share)):]))
             elif len(suffix) > 1:
-                fill = replace(fill, suffix="\n".join(suffix[: -max(1, math.ceil(len(suffix) * share))]))
+                fill = replace(fill,
+                               suffix="\n".join(suffix[:-max(1, math.ceil(len(suffix) * share))]))
             else:
                 break
-        raise ApiError(400, f"the prompt does not fit the model's context of {self.max_model_len} tokens",
-                       param="prompt", code="context_length_exceeded")
+        raise ApiError(
+            400, f"the prompt does not fit the model's context of {self.max_model_len} tokens",
+            param="prompt", code="context_length_exceeded")

@@ -1,6 +1,6 @@
-"""One engine as `warmpath serve` serves it, shared by every route: its model names and /v1/models card, its prompt
-rules (the FIM format, the fitter, the answer's default scope and confidence threshold), the jobs it runs, and
-each request's tenancy."""
+"""One engine as `warmpath serve` serves it, shared by every route: its model names and /v1/models
+card, its prompt rules (the FIM format, the fitter, the answer's default scope and confidence
+threshold), the jobs it runs, and each request's tenancy."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ class ServedModel:
         self.engine, self.config = engine, config
         self.tokenizer = tok = engine.tokenizer
         self.fim = detect_fim(tok)
-        kept = suffix_tokens(config.fim_suffix_tokens, engine.cost.prompt_seconds_per_token, engine.config.block_size)
+        kept = suffix_tokens(config.fim_suffix_tokens, engine.cost.prompt_seconds_per_token,
+                             engine.config.block_size)
         count = lambda text: len(tok.encode(text, add_bos=False))  # noqa: E731
-        self.fitter = PromptFitter(tok, engine.max_model_len, FimFormat(self.fim, config.fim_layout, kept, count, tok))
+        self.fitter = PromptFitter(tok, engine.max_model_len,
+                                   FimFormat(self.fim, config.fim_layout, kept, count, tok))
         self.fim_stop_ids = fim_stop_ids(tok, self.fim) if self.fim else []
         if not 0.0 <= config.min_confidence <= 1.0:
             raise ValueError(f"--min-confidence must be in [0, 1], got {config.min_confidence}")
@@ -37,25 +39,36 @@ class ServedModel:
         self.runner = JobRunner(engine, self.async_engine, self.metrics, self.fim)
         self.logprob_format = LogprobFormatter(tok)
         self.model_name = config.served_model_name or engine.config.model
-        model = bundled(engine.config.model)  # a bundled model is served by its Ollama `name:tag` too
+        # a bundled model is served by its Ollama `name:tag` too
+        model = bundled(engine.config.model)
         tag = model.tag if model and not config.served_model_name else ""
-        self.names = [self.model_name, *([tag] if tag and tag != self.model_name else [])]  # listed, in order
+        # listed, in order
+        self.names = [self.model_name, *([tag] if tag and tag != self.model_name else [])]
         self.accepted_names = {*self.names, engine.config.model}
         self.model_card = self._model_card()
 
     def _model_card(self) -> dict:
-        """The /v1/models entry, with what a deployer checks (warmpath's fields): the architecture, the file's quant
-        mix (tensors per GGUF type) and what the native kernel reads, the FIM template and whether it takes
-        repository context, the context length, and KV bytes per token in the cache's dtype."""
+        """The /v1/models entry, with what a deployer checks (warmpath's fields): the architecture,
+        the file's quant mix (tensors per GGUF type) and what the native kernel reads, the FIM
+        template and whether it takes repository context, the context length, and KV bytes per token
+        in the cache's dtype."""
         cfg, native = self.engine.model_config, self.engine.runner.native
-        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "warmpath",
-                "max_model_len": self.engine.max_model_len, "architecture": cfg.architecture,
-                "context_length": cfg.max_position_embeddings, "quantization": self.engine.tensor_types or None,
-                "kernel_weights": native.weight_kinds if native else None,
-                "fim_template": self.fim.name if self.fim else None,
-                "repo_context": bool(self.fim and self.fim.file_sep),
-                "fim_suffix_tokens": self.fitter.fim.suffix_tokens if self.fim else None,  # None: the whole suffix
-                "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype_name)}
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "warmpath",
+            "max_model_len": self.engine.max_model_len,
+            "architecture": cfg.architecture,
+            "context_length": cfg.max_position_embeddings,
+            "quantization": self.engine.tensor_types or None,
+            "kernel_weights": native.weight_kinds if native else None,
+            "fim_template": self.fim.name if self.fim else None,
+            "repo_context": bool(self.fim and self.fim.file_sep),
+            "fim_suffix_tokens": self.fitter.fim.suffix_tokens
+            if self.fim else None,  # None: the whole suffix
+            "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype_name)
+        }
 
     def tenancy(self, ask: Ask, request: Request) -> Tenancy:
         """The request's prefix-cache salt and session, scoped by its tenant (tenancy.py)."""
@@ -64,5 +77,6 @@ class ServedModel:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.accepted_names:
-            raise ApiError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                param="model", code="model_not_found")

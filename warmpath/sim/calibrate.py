@@ -1,6 +1,7 @@
-"""Fit a CostModel to the real engine: time the model runner on step shapes that span what the scheduler
-plans (prefill chunks over cached context, decode batches over long contexts, mixed steps), then least squares
-with non-negative coefficients. `warmpath simulate --calibrate` runs it and saves the result."""
+"""Fit a CostModel to the real engine: time the model runner on step shapes that span what the
+scheduler plans (prefill chunks over cached context, decode batches over long contexts, mixed
+steps), then least squares with non-negative coefficients. `warmpath simulate --calibrate` runs it
+and saves the result."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from warmpath.store import home_dir
 
 log = logging.getLogger(__name__)
 
-# (chunk tokens, cached context) · (decode sequences, their context) · (chunk, context, decodes, their context)
+# (chunk tokens, cached context) · (decode sequences, their context) · (chunk, context, decodes,
+# their context)
 PREFILL = [(n, c) for c in (0, 1024, 2048) for n in (8, 32, 128, 512)]
 DECODE = [(b, ctx) for ctx in (256, 2048) for b in (1, 4, 16)]
 MIXED = [(256, 1024, 4, 1024), (64, 0, 8, 2000)]
@@ -64,8 +66,9 @@ def measure(engine: Engine, repeats: int = 2) -> list[tuple[StepShape, float]]:
         return seqs, start
 
     for n, ctx in PREFILL:
-        # Real prefill chunks rarely repeat a shape (every warm request brings its own few new tokens), and a
-        # new shape costs more than a warmed one: each call here gets its own length, no warm-up.
+        # Real prefill chunks rarely repeat a shape (every warm request brings its own few new
+        # tokens), and a new shape costs more than a warmed one: each call here gets its own length,
+        # no warm-up.
         for r in range(repeats + 1):
             m = n + int(rng.integers(0, max(2, n // 4)))
             seq, _ = prefill_seq(m, ctx + r, 0)
@@ -75,7 +78,8 @@ def measure(engine: Engine, repeats: int = 2) -> list[tuple[StepShape, float]]:
                                       kv_read=ctx + r + m, chunks=1), time.perf_counter() - t))
     for b, ctx in DECODE:
         seqs, _ = decode_seqs(b, ctx, 0)
-        samples.append((StepShape(tokens=b, seqs=b, kv_read=b * (ctx + 1)), _time(engine, seqs, repeats)))
+        samples.append((StepShape(tokens=b, seqs=b,
+                                  kv_read=b * (ctx + 1)), _time(engine, seqs, repeats)))
     for n, ctx, b, dctx in MIXED:
         for _ in range(repeats):
             m = n + int(rng.integers(0, max(2, n // 4)))
@@ -90,8 +94,8 @@ def measure(engine: Engine, repeats: int = 2) -> list[tuple[StepShape, float]]:
 
 
 def fit(samples: list[tuple[StepShape, float]]) -> CostModel:
-    """Least squares on relative error (short decode steps matter as much as long prefills), coefficients
-    kept >= 0 by dropping any that come out negative and refitting."""
+    """Least squares on relative error (short decode steps matter as much as long prefills),
+    coefficients kept >= 0 by dropping any that come out negative and refitting."""
     x = np.array([s.features() for s, _ in samples])
     y = np.array([t for _, t in samples])
     w = 1.0 / y
@@ -108,8 +112,9 @@ def fit(samples: list[tuple[StepShape, float]]) -> CostModel:
 
 
 def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape, float]]:
-    """Every step of real editor traffic through the real engine (wall clock): the shapes that matter most
-    (a few new tokens over a long cached prefix, small decode batches), in the proportions they occur."""
+    """Every step of real editor traffic through the real engine (wall clock): the shapes that
+    matter most (a few new tokens over a long cached prefix, small decode batches), in the
+    proportions they occur."""
     from dataclasses import replace
 
     from warmpath.config import ClientConfig
@@ -119,7 +124,8 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
     trace = make_trace("editor", 4, seconds, seed=101, rate=20)  # not a seed the validation uses
     backend = RealBackend(engine, 0.0)
     driver = Driver(trace, [backend], engine.tokenizer.encode,
-                    replace(ClientConfig(), deadline_ms=3000, max_time_ms=3000), realtime=True, drain_s=10)
+                    replace(ClientConfig(), deadline_ms=3000, max_time_ms=3000), realtime=True,
+                    drain_s=10)
     backend.origin = driver.origin
     driver.run()
     engine.pool.reset_prefix_cache()
@@ -127,8 +133,9 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
 
 
 def disk_read_rate(size: int = 256 << 20) -> float:
-    """Bytes per second this machine reads back a file it wrote under $WARMPATH_HOME (where the KV tier lives),
-    with the file's pages dropped from the page cache first: what a tier read costs after a long idle gap."""
+    """Bytes per second this machine reads back a file it wrote under $WARMPATH_HOME (where the KV
+    tier lives), with the file's pages dropped from the page cache first: what a tier read costs
+    after a long idle gap."""
     root = home_dir("sim")
     with tempfile.NamedTemporaryFile(dir=root) as f:
         f.write(os.urandom(size))
@@ -144,8 +151,8 @@ def disk_read_rate(size: int = 256 << 20) -> float:
 
 def calibrate(model: str = "smollm2", dtype: str = "auto", repeats: int = 2,
               traffic_s: float = 90.0) -> tuple[CostModel, dict]:
-    """Synthetic shapes (coverage: long prefills, big decode batches) plus the steps of a short real editor
-    trace (the common case, as it really runs)."""
+    """Synthetic shapes (coverage: long prefills, big decode batches) plus the steps of a short real
+    editor trace (the common case, as it really runs)."""
     blocks_needed = 4096  # covers the largest calibration step (16 x 2,049 tokens)
     engine = Engine(EngineConfig(model=model, dtype=dtype, num_kv_blocks=blocks_needed))
     synthetic = measure(engine, repeats)
@@ -154,13 +161,17 @@ def calibrate(model: str = "smollm2", dtype: str = "auto", repeats: int = 2,
     cost = fit(samples)
     errors = [abs(cost.step_seconds(s) - t) / t for s, t in samples]
     traffic_errors = [(cost.step_seconds(s) - t) / t for s, t in traffic]
-    meta = {"model": model, "dtype": str(engine.dtype).removeprefix("torch."), "threads": engine.config.num_threads,
-            "weight_bytes": engine.weight_bytes, "kv_dtype": engine.kv_dtype_name,
-            "samples": [[s.tokens, s.prefill_attention, s.seqs, s.kv_read, s.chunks, t] for s, t in samples],
-            "synthetic_samples": len(synthetic), "traffic_samples": len(traffic),
-            "median_relative_error": statistics.median(errors), "max_relative_error": max(errors),
-            "traffic_median_signed_error": statistics.median(traffic_errors) if traffic_errors else None,
-            "disk_read_bytes_per_s": disk_read_rate()}
+    meta = {
+        "model": model, "dtype": str(engine.dtype).removeprefix("torch."),
+        "threads": engine.config.num_threads, "weight_bytes": engine.weight_bytes,
+        "kv_dtype": engine.kv_dtype_name,
+        "samples": [[s.tokens, s.prefill_attention, s.seqs, s.kv_read, s.chunks, t]
+                    for s, t in samples
+                    ], "synthetic_samples": len(synthetic), "traffic_samples": len(traffic),
+        "median_relative_error": statistics.median(errors), "max_relative_error": max(errors),
+        "traffic_median_signed_error": statistics.median(traffic_errors)
+        if traffic_errors else None, "disk_read_bytes_per_s": disk_read_rate()
+    }
     log.info("calibrated %s: %s (median error %.1f%%, max %.1f%%)", model, cost,
              100 * meta["median_relative_error"], 100 * meta["max_relative_error"])
     return cost, meta

@@ -1,11 +1,13 @@
-"""Replays a trace against engine backends on a clock: the engine's own Scheduler and BlockPool with a cost model
-(SimBackend, virtual time), or the real Engine with the model (RealBackend, wall time) for validation.
+"""Replays a trace against engine backends on a clock: the engine's own Scheduler and BlockPool with
+a cost model (SimBackend, virtual time), or the real Engine with the model (RealBackend, wall time)
+for validation.
 
-The client side is `warmpath.client`'s own code: each developer is an `EditorSession` (debounce, cancel on a
-newer keystroke, the client deadline) told the virtual time of each event, and every request's outcome is
-`warmpath.client.outcome`'s rule; the server deadline (X-Deadline-Ms) is the request's engine deadline; agent
-turns are closed-loop. Requests join a node's batch at its next step boundary, exactly as with the
-AsyncEngine. Several nodes are routed by `warmpath.router`'s own policies.
+The client side is `warmpath.client`'s own code: each developer is an `EditorSession` (debounce,
+cancel on a newer keystroke, the client deadline) told the virtual time of each event, and every
+request's outcome is `warmpath.client.outcome`'s rule; the server deadline (X-Deadline-Ms) is the
+request's engine deadline; agent turns are closed-loop. Requests join a node's batch at its next
+step boundary, exactly as with the AsyncEngine. Several nodes are routed by `warmpath.router`'s own
+policies.
 """
 
 from __future__ import annotations
@@ -51,19 +53,22 @@ class SimRecord:
     cancelled_at: float | None = None  # a newer keystroke closed it
     client_deadline: float | None = None  # the first token must come before this
     turn_index: int | None = None  # agent turns: which turn of the session
-    error: str | None = None  # the router answered an error, or ended the stream with one (its node died)
+    # the router answered an error, or ended the stream with one (its node died)
+    error: str | None = None
 
     @property
     def outcome(self) -> str:
-        return outcome(self.kind, self.first_token, cancelled_at=self.cancelled_at, deadline=self.client_deadline,
-                       finish_reason=self.finish_reason, error=self.error)
+        return outcome(self.kind, self.first_token, cancelled_at=self.cancelled_at,
+                       deadline=self.client_deadline, finish_reason=self.finish_reason,
+                       error=self.error)
 
     @property
     def ttft(self) -> float | None:
-        """To the first token the client saw: None if none came before its cancel or its deadline (the
-        simulator knows when it would have come; the client had closed the stream)."""
+        """To the first token the client saw: None if none came before its cancel or its deadline
+        (the simulator knows when it would have come; the client had closed the stream)."""
         first = self.first_token
-        if first is None or any(t is not None and first > t for t in (self.cancelled_at, self.client_deadline)):
+        if first is None or any(t is not None and first > t
+                                for t in (self.cancelled_at, self.client_deadline)):
             return None
         return first - self.sent
 
@@ -79,22 +84,26 @@ class StepResult:
 class SimBackend:
     """The engine's Scheduler and BlockPool, no model: a step costs what the cost model says."""
 
-    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16, max_num_batched_tokens: int = 512,
-                 max_num_seqs: int = 64, enable_prefix_caching: bool = True, tier: SimTier | None = None):
+    def __init__(self, cost: CostModel, num_blocks: int, block_size: int = 16,
+                 max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
+                 enable_prefix_caching: bool = True, tier: SimTier | None = None):
         self.cost = cost
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, b"sim")
         self.tier = tier
-        if tier is not None:  # the engine's disk tier: every cached block kept, read back instead of computed
+        if tier is not None:
+            # the engine's disk tier: every cached block kept, read back instead of computed
             self.pool.on_cached = tier.add
-        self.step_cost = StepCost()  # learned from the cost model's steps, as the engine learns from its own
-        self.scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens, max_num_seqs), self.pool, self.step_cost,
-                                   tier, lambda: self.now)
+        # learned from the cost model's steps, as the engine learns from its own
+        self.step_cost = StepCost()
+        self.scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens, max_num_seqs), self.pool,
+                                   self.step_cost, tier, lambda: self.now)
         self.requests: dict[str, Request] = {}
         self.now = 0.0
 
-    def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None, now: float):
-        req = Request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0), frozenset(), max_tokens,
-                      None, RequestMetrics(arrival_time=now), session, deadline)
+    def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None,
+            now: float):
+        req = Request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0), frozenset(),
+                      max_tokens, None, RequestMetrics(arrival_time=now), session, deadline)
         self.requests[rid] = req
         self.scheduler.add(req)
 
@@ -113,8 +122,10 @@ class SimBackend:
         sampling = [c.request for c in batch.chunks if c.sample]
         seconds = self.cost.step_seconds(step_shape(batch)) if batch.chunks else 0.0
         seconds += self.tier.take_seconds() if self.tier is not None else 0.0
-        self.step_cost.record(batch.num_tokens, seconds)  # paces prompt chunks as the engine's own steps do
-        done = batch.finished + (self.scheduler.update(batch, [[SIM_TOKEN]] * len(sampling)) if batch.chunks else [])
+        # paces prompt chunks as the engine's own steps do
+        self.step_cost.record(batch.num_tokens, seconds)
+        done = batch.finished + (self.scheduler.update(batch, [[SIM_TOKEN]] *
+                                                       len(sampling)) if batch.chunks else [])
         cached = {c.request.request_id: c.request.num_cached_tokens for c in batch.chunks}
         for r in done:
             self.requests.pop(r.request_id, None)
@@ -135,15 +146,18 @@ class RealBackend:
     def __init__(self, engine: Engine, origin: float):
         self.engine, self.origin = engine, origin
         self.pool, self.scheduler = engine.pool, engine.scheduler
-        self.steps: list[tuple[StepShape, float]] = []  # every step's plan shape and duration (calibration)
+        # every step's plan shape and duration (calibration)
+        self.steps: list[tuple[StepShape, float]] = []
         self._shape: StepShape | None = None
         self.scheduler.add_listener(self._note_shape)
 
     def _note_shape(self, batch: StepBatch) -> None:
-        """The engine's batch, before the model runs (its requests' computed tokens are still the step's start)."""
+        """The engine's batch, before the model runs (its requests' computed tokens are still the
+        step's start)."""
         self._shape = step_shape(batch)
 
-    def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None, now: float):
+    def add(self, rid: str, ids: list[int], max_tokens: int, session: str, deadline: float | None,
+            now: float):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         at = None if deadline is None else self.origin + deadline
         self.engine.add_request(EngineRequest(rid, ids, params, session, at))
@@ -187,12 +201,14 @@ class Sample:
 class Driver:
     def __init__(self, trace: Trace, backends: list, tokenize, client: ClientConfig | None = None,
                  router: Router | None = None, realtime: bool = False,
-                 sample_every_s: float = SimConfig.sample_every_s, drain_s: float = SimConfig.drain_s,
-                 fim: FimTemplate | None = None, suffix_tokens: int | None = None):
+                 sample_every_s: float = SimConfig.sample_every_s,
+                 drain_s: float = SimConfig.drain_s, fim: FimTemplate | None = None,
+                 suffix_tokens: int | None = None):
         self.trace, self.backends, self.tokenize = trace, backends, tokenize
-        # The served model's FIM format: an editor request's prompt is computed as the server renders it, the
-        # suffix's first lines only (suffix_tokens; api/fim.keep_suffix)
-        self.fim = FimFormat(fim, ServerConfig.fim_layout, suffix_tokens, lambda text: len(tokenize(text)))
+        # The served model's FIM format: an editor request's prompt is computed as the server
+        # renders it, the suffix's first lines only (suffix_tokens; api/fim.keep_suffix)
+        self.fim = FimFormat(fim, ServerConfig.fim_layout, suffix_tokens,
+                             lambda text: len(tokenize(text)))
         self.client = client or ClientConfig()
         self.router, self.realtime = router, realtime
         self.sample_every_s, self.drain_s = sample_every_s, drain_s
@@ -204,14 +220,15 @@ class Driver:
         self._inflight: dict[str, str] = {}  # session -> request id in flight
         # session -> (node, ids, block hashes: computed when a sample first needs them)
         self._last_prompt: dict[str, tuple[int, list[int], list[bytes] | None]] = {}
-        self._active: set[int] = set()  # nodes given work since they were last seen idle (fleets: few of many)
+        # nodes given work since they were last seen idle (fleets: few of many)
+        self._active: set[int] = set()
         self._agent_turns: dict[str, list[dict]] = {}
         self._free_at = [0.0] * len(backends)
         self._origin = time.monotonic()
         self.now = 0.0
         self.first_preemption: float | None = None
 
-    # -- events ---------------------------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------------
     def _push(self, t: float, kind: str, data: dict) -> None:
         heapq.heappush(self._events, (t, next(self._seq), kind, data))
 
@@ -235,8 +252,8 @@ class Driver:
         elif kind == "timer":
             send = self._editors[session].timer(t)
             if send is not None:
-                rec = self._send(session, "editor", send.body["prompt"], send.body["max_tokens"], t, send.max_time,
-                                 computed=self._rendered(send.body))
+                rec = self._send(session, "editor", send.body["prompt"], send.body["max_tokens"], t,
+                                 send.max_time, computed=self._rendered(send.body))
                 rec.client_deadline = send.deadline
                 self._push(send.deadline, "deadline", {"session": session})
         elif kind == "deadline":
@@ -244,7 +261,8 @@ class Driver:
                 self._close(session, t, "client_deadline")
         elif kind == "turn":
             turn = self._agent_turns[session][data["index"]]
-            self._send(session, "agent", turn["prompt"], int(turn["max_tokens"]), t, None, turn_index=data["index"])
+            self._send(session, "agent", turn["prompt"], int(turn["max_tokens"]), t, None,
+                       turn_index=data["index"])
 
     def _close(self, session: str, t: float, reason: str) -> None:
         """The client closes the stream of its request in flight: the server aborts it."""
@@ -255,14 +273,17 @@ class Driver:
         self._finish(rec, t, reason)
 
     def _rendered(self, body: dict) -> str:
-        """The prompt the server computes for an editor body: with a suffix, the FIM prompt as it renders it."""
+        """The prompt the server computes for an editor body: with a suffix, the FIM prompt as it
+        renders it."""
         if "suffix" not in body:
             return body["prompt"]
         return self.fim.render(Fill(prefix=body["prompt"], suffix=body["suffix"])).text
 
-    def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float, deadline: float | None,
-              turn_index: int | None = None, computed: str | None = None) -> SimRecord:
-        """`text` is what the router reads (the prompt field), `computed` what the server tokenizes (default: text)."""
+    def _send(self, session: str, kind: str, text: str, max_tokens: int, t: float,
+              deadline: float | None, turn_index: int | None = None,
+              computed: str | None = None) -> SimRecord:
+        """`text` is what the router reads (the prompt field), `computed` what the server tokenizes
+        (default: text)."""
         ids = self.tokenize(text if computed is None else computed)
         rid = f"{session}-{len(self.records)}"
         node = self._route(rid, session, text)
@@ -281,7 +302,8 @@ class Driver:
         return rec
 
     def _route(self, rid: str, session: str, text: str) -> int:
-        """The node for a new request (-1: none): the router's policy on this driver's open requests per node."""
+        """The node for a new request (-1: none): the router's policy on this driver's open requests
+        per node."""
         if self.router is None:
             return 0
         names = self.router.nodes
@@ -301,9 +323,10 @@ class Driver:
             turns = self._agent_turns[rec.session]
             i = rec.turn_index + 1
             if i < len(turns):
-                self._push(max(turns[i]["t"], t + turns[i]["after"]), "turn", {"session": rec.session, "index": i})
+                self._push(max(turns[i]["t"], t + turns[i]["after"]), "turn",
+                           {"session": rec.session, "index": i})
 
-    # -- the clock ------------------------------------------------------------------------------------------
+    # -- the clock ---------------------------------------------------------------------------------
     @property
     def origin(self) -> float:
         """time.monotonic() at the trace's time 0 (a real backend's deadlines are on that clock)."""
@@ -358,7 +381,8 @@ class Driver:
         result = backend.step(now)
         t_end = self._wall() if realtime else now + result.seconds
         self._free_at[i] = t_end
-        if not (result.tokens or result.finished or result.seconds):  # nothing could run: wait for an event
+        if not (result.tokens or result.finished or result.seconds):
+            # nothing could run: wait for an event
             self._free_at[i] = self._events[0][0] if self._events else float("inf")
         for rid, cached in result.cached.items():
             rec = self.records.get(rid)
@@ -389,6 +413,8 @@ class Driver:
             if hashes is None:
                 hashes = self.backends[node].pool.hashes(ids)
                 self._last_prompt[session] = (node, ids, hashes)
-            if hashes and len(self.backends[node].pool.find_cached_prefix(ids, hashes)) * 2 >= len(hashes):
+            if hashes and len(self.backends[node].pool.find_cached_prefix(
+                    ids, hashes)) * 2 >= len(hashes):
                 resident += 1
-        self.samples.append(Sample(t, used, cached, resident, sum(b.stats["preemptions"] for b in self.backends)))
+        self.samples.append(
+            Sample(t, used, cached, resident, sum(b.stats["preemptions"] for b in self.backends)))

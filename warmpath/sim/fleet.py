@@ -1,17 +1,18 @@
-"""Fleet mode: N simulated nodes behind R router replicas, each replica a real `Router` with its own open-request
-counts, reading every node's load as the real router does (`router.scorer.node_load` over its own counts and
-the node's gauges as of its last scrape), and a node that dies mid-run.
+"""Fleet mode: N simulated nodes behind R router replicas, each replica a real `Router` with its own
+open-request counts, reading every node's load as the real router does (`router.scorer.node_load`
+over its own counts and the node's gauges as of its last scrape), and a node that dies mid-run.
 
-A developer's requests reach one replica: hashed by developer (a load balancer that keeps each editor's
-keep-alive connection on one replica, as L4 balancers do) or round-robin by request (an L7 balancer). The
-replicas scrape on the same interval but out of phase (they start independently), so each routes on a
-snapshot of its own age.
+A developer's requests reach one replica: hashed by developer (a load balancer that keeps each
+editor's keep-alive connection on one replica, as L4 balancers do) or round-robin by request (an L7
+balancer). The replicas scrape on the same interval but out of phase (they start independently), so
+each routes on a snapshot of its own age.
 
-A node that dies is marked down by every replica at once (a crashed process resets its connections and refuses
-the next one: the real router marks a node down on a refused connect), and forgotten (its prefix index), as
-the real router's on_unhealthy does. Its requests in flight are treated as the real proxy treats them: one that
-sent nothing to the client yet fails over to the next candidate of its own routing decision (once, while its
-deadline allows), a stream already started ends with the error event.
+A node that dies is marked down by every replica at once (a crashed process resets its connections
+and refuses the next one: the real router marks a node down on a refused connect), and forgotten
+(its prefix index), as the real router's on_unhealthy does. Its requests in flight are treated as
+the real proxy treats them: one that sent nothing to the client yet fails over to the next candidate
+of its own routing decision (once, while its deadline allows), a stream already started ends with
+the error event.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from warmpath.router.scorer import node_load
 from warmpath.sim.driver import Driver, SimRecord
 from warmpath.workloads import Trace
 
-FAILOVERS = 1  # router/proxy.py MAX_ATTEMPTS - 1: the chosen node, then one more (a test holds them equal)
+# router/proxy.py MAX_ATTEMPTS - 1: the chosen node, then one more (a test holds them equal)
+FAILOVERS = 1
 REPLICA_BY = ("developer", "request")
 
 
@@ -63,7 +65,8 @@ class Placement:
 class KillReport:
     node: int
     at: float
-    sessions_homed: list[str] = field(default_factory=list)  # sessions whose last request went there
+    # sessions whose last request went there
+    sessions_homed: list[str] = field(default_factory=list)
     homes: dict[str, int] = field(default_factory=dict)  # every session's node at the kill
     in_flight: int = 0
     failed_over: int = 0
@@ -72,16 +75,17 @@ class KillReport:
 
 
 def scrape(backend) -> NodeLoad:
-    """What a node's /metrics would say now: the engine's num_requests_running / num_requests_waiting and
-    kv_cache_usage_ratio (engine/engine.py's stats, server/metrics.py's gauges)."""
+    """What a node's /metrics would say now: the engine's num_requests_running /
+    num_requests_waiting and kv_cache_usage_ratio (engine/engine.py's stats, server/metrics.py's
+    gauges)."""
     pool = backend.pool
     return NodeLoad(float(backend.scheduler.num_running), float(backend.scheduler.num_waiting),
                     pool.num_used / pool.num_blocks)
 
 
 class Walked:
-    """A ring whose walk for one key is already known: the replicas share one ring (the same names and points),
-    so one walk serves them all."""
+    """A ring whose walk for one key is already known: the replicas share one ring (the same names
+    and points), so one walk serves them all."""
 
     def __init__(self, order: list[str]):
         self.order = order
@@ -91,57 +95,69 @@ class Walked:
 
 
 def by_session(router: Router, key: RouteKey) -> bool:
-    """Router.choose takes its session branch for this request (hybrid with a key, or session with one)."""
+    """Router.choose takes its session branch for this request (hybrid with a key, or session with
+    one)."""
     return bool(key.session) and router.policy in ("hybrid", "session")
 
 
 def would_choose(router: Router, key: RouteKey, available: list[str], loads: dict[str, float],
                  ring=None) -> str | None:
-    """The node a replica would pick for a session-keyed request, without touching its state (Router.choose's
-    session branch: bounded loads on the ring); None where the policy is not the session one."""
+    """The node a replica would pick for a session-keyed request, without touching its state
+    (Router.choose's session branch: bounded loads on the ring); None where the policy is not the
+    session one."""
     if not by_session(router, key) or not available:
         return None
-    return bounded_walk(ring or router.ring, key.session, loads, router.c, set(available), router.floor)[0]
+    return bounded_walk(ring or router.ring, key.session, loads, router.c, set(available),
+                        router.floor)[0]
 
 
 class FleetDriver(Driver):
     def __init__(self, trace: Trace, backends: list, tokenize, client: ClientConfig | None = None,
-                 spec: FleetSpec | None = None, sample_every_s: float = SimConfig.fleet_sample_every_s,
+                 spec: FleetSpec | None = None,
+                 sample_every_s: float = SimConfig.fleet_sample_every_s,
                  drain_s: float = SimConfig.drain_s, fim: FimTemplate | None = None,
                  suffix_tokens: int | None = None):
-        super().__init__(trace, backends, tokenize, client, None, sample_every_s=sample_every_s, drain_s=drain_s,
-                         fim=fim, suffix_tokens=suffix_tokens)
+        super().__init__(trace, backends, tokenize, client, None, sample_every_s=sample_every_s,
+                         drain_s=drain_s, fim=fim, suffix_tokens=suffix_tokens)
         self.spec = spec = spec or FleetSpec()
         if spec.replica_by not in REPLICA_BY:
             raise ValueError(f"replica_by must be one of {', '.join(REPLICA_BY)}")
         n = len(backends)
         self.names = [f"node{i}" for i in range(n)]
         self.index = {name: i for i, name in enumerate(self.names)}
-        self.replicas = [Router(self.names, spec.policy, spec.load_factor, spec.virtual_nodes,
-                                RouterConfig.prefix_block_chars, RouterConfig.prefix_index_blocks, spec.floor)
-                         for _ in range(spec.replicas)]
+        self.replicas = [
+            Router(self.names, spec.policy, spec.load_factor, spec.virtual_nodes,
+                   RouterConfig.prefix_block_chars, RouterConfig.prefix_index_blocks, spec.floor)
+            for _ in range(spec.replicas)
+        ]
         self.own = [[0] * n for _ in range(spec.replicas)]  # each replica's open requests per node
         self.scraped: list[list[NodeLoad | None]] = [[None] * n for _ in range(spec.replicas)]
         self.alive = [True] * n
         self.placed: dict[str, Placement] = {}
         self.decisions: dict[str, int] = {}
         self.agreement = [0, 0]  # (requests all replicas would place alike, requests asked)
-        self.choose_cpu: list[float] = []  # thread CPU seconds of loads + Router.choose, per routed request
+        # thread CPU seconds of loads + Router.choose, per routed request
+        self.choose_cpu: list[float] = []
         self.kill: KillReport | None = None
         self._rr = itertools.count()
 
-    # -- events -------------------------------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------------
     def _load(self) -> None:
         super()._load()
-        for r in range(self.spec.replicas):  # out of phase: each replica's first scrape at its own offset
-            self._push(self.spec.scrape_s * r / self.spec.replicas, "scrape", {"session": "", "replica": r})
+        for r in range(self.spec.replicas):
+            # out of phase: each replica's first scrape at its own offset
+            self._push(self.spec.scrape_s * r / self.spec.replicas, "scrape",
+                       {"session": "", "replica": r})
         if self.spec.kill_at is not None:
             self._push(self.spec.kill_at, "kill", {"session": ""})
 
     def _handle(self, t: float, kind: str, data: dict) -> None:
         if kind == "scrape":
             r = data["replica"]
-            self.scraped[r] = [scrape(b) if self.alive[i] else self.scraped[r][i] for i, b in enumerate(self.backends)]
+            self.scraped[r] = [
+                scrape(b) if self.alive[i] else self.scraped[r][i]
+                for i, b in enumerate(self.backends)
+            ]
             end = float(self.trace.meta.get("duration_s") or 0.0) + self.drain_s
             if t + self.spec.scrape_s <= end:
                 self._push(t + self.spec.scrape_s, "scrape", data)
@@ -150,7 +166,7 @@ class FleetDriver(Driver):
         else:
             super()._handle(t, kind, data)
 
-    # -- routing --------------------------------------------------------------------------------------------
+    # -- routing -----------------------------------------------------------------------------------
     def loads(self, r: int) -> dict[str, float]:
         """Replica r's view, as the real NodeSet.loads() computes it."""
         own, scraped, floor = self.own[r], self.scraped[r], self.spec.floor
@@ -192,7 +208,7 @@ class FleetDriver(Driver):
                 self.own[p.replica][p.node] -= 1
         super()._finish(rec, t, reason)
 
-    # -- node loss ------------------------------------------------------------------------------------------
+    # -- node loss ---------------------------------------------------------------------------------
     def _kill(self, t: float) -> None:
         homes = {s: node for s, (node, _, _) in self._last_prompt.items()}
         i = self.spec.kill_node
@@ -210,14 +226,17 @@ class FleetDriver(Driver):
             backend.abort(rid, t)
             rec = self.records[rid]
             report.in_flight += 1
-            if rec.first_token is not None:  # the client has tokens: the stream ends with the error event
+            if rec.first_token is not None:
+                # the client has tokens: the stream ends with the error event
                 report.cut_streams += 1
                 rec.error = rec.finish_reason = CUT
                 self._finish(rec, t, CUT)
                 continue
             p = self.placed[rid]
-            attempt = p.failovers + 1  # the proxy tries its decision's candidates in order, FAILOVERS more
-            nxt = p.candidates[attempt] if attempt <= FAILOVERS and attempt < len(p.candidates) else None
+            # the proxy tries its decision's candidates in order, FAILOVERS more
+            attempt = p.failovers + 1
+            nxt = p.candidates[attempt] if attempt <= FAILOVERS and attempt < len(
+                p.candidates) else None
             deadline = req.deadline
             if nxt is None or not self.alive[nxt] or (deadline is not None and t >= deadline):
                 report.lost += 1  # a 502 (no candidate), or silence past the deadline

@@ -1,5 +1,5 @@
-"""What a simulated run says: hit rate, TTFT, decode stalls, preemptions, sessions resident before the first
-preemption, pool use over time; tables, JSON, pictures."""
+"""What a simulated run says: hit rate, TTFT, decode stalls, preemptions, sessions resident before
+the first preemption, pool use over time; tables, JSON, pictures."""
 
 from __future__ import annotations
 
@@ -21,20 +21,25 @@ def summarize(driver: Driver, wall_s: float) -> dict:
     queried, hit = sum(s["queried"] for s in stats), sum(s["hit"] for s in stats)
     tier_hit = sum(s.get("tier_hit", 0) for s in stats)
     gaps = [b - a for r in recs for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
-    out: dict = {"requests": len(recs), "editor_requests": len(editor), "agent_requests": len(agent),
-                 "prefix_hit_rate": (hit + tier_hit) / queried if queried else None,
-                 "tier_hit_rate": tier_hit / queried if queried else None,
-                 "preemptions": sum(s["preemptions"] for s in stats),
-                 "evictions": sum(s["evictions"] for s in stats),
-                 "first_preemption_s": driver.first_preemption,
-                 "itl_p50_s": percentile(gaps, 50) if gaps else None,
-                 "itl_p99_s": percentile(gaps, 99) if gaps else None,
-                 "decode_stalls": sum(g >= STALL_S for g in gaps),
-                 "simulated_s": driver.now, "wall_s": wall_s}
+    out: dict = {
+        "requests": len(recs), "editor_requests": len(editor), "agent_requests": len(agent),
+        "prefix_hit_rate": (hit + tier_hit) / queried if queried else None,
+        "tier_hit_rate": tier_hit / queried if queried else None,
+        "preemptions": sum(s["preemptions"] for s in stats), "evictions": sum(s["evictions"]
+                                                                              for s in stats),
+        "first_preemption_s": driver.first_preemption,
+        "itl_p50_s": percentile(gaps, 50) if gaps else None,
+        "itl_p99_s": percentile(gaps, 99) if gaps else None, "decode_stalls": sum(g >= STALL_S
+                                                                                  for g in gaps),
+        "simulated_s": driver.now, "wall_s": wall_s
+    }
     for kind, rs in (("editor", editor), ("agent", agent)):
         if not rs:
             continue
-        outcomes = {o: sum(r.outcome == o for r in rs) for o in (SHOWN, DROPPED, CANCELLED, COMPLETED)}
+        outcomes = {
+            o: sum(r.outcome == o for r in rs)
+            for o in (SHOWN, DROPPED, CANCELLED, COMPLETED)
+        }
         out[f"{kind}_outcomes"] = {k: v for k, v in outcomes.items() if v}
         ttfts = censored_ttfts(rs)
         out[f"{kind}_ttft_p50_s"] = percentile(ttfts, 50) if ttfts else None
@@ -58,7 +63,8 @@ ROWS = [("prefix-cache hit rate (RAM + tier)", "prefix_hit_rate", "pct"),
         ("editor TTFT p50", "editor_ttft_p50_s", "s"),
         ("editor TTFT p99", "editor_ttft_p99_s", "s"), ("agent TTFT p50", "agent_ttft_p50_s", "s"),
         ("agent TTFT p99", "agent_ttft_p99_s", "s"), ("inter-token p50", "itl_p50_s", "s"),
-        ("inter-token p99", "itl_p99_s", "s"), (f"decode stalls (gap >= {STALL_S:.0f} s)", "decode_stalls", "n"),
+        ("inter-token p99", "itl_p99_s", "s"),
+        (f"decode stalls (gap >= {STALL_S:.0f} s)", "decode_stalls", "n"),
         ("preemptions", "preemptions", "n"), ("first preemption at", "first_preemption_s", "s"),
         ("max sessions resident before it", "max_resident_sessions_before_preemption", "n"),
         ("pool used, mean / max", "pool_used", "pool"), ("requests", "requests", "n"),

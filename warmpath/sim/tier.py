@@ -1,6 +1,7 @@
-"""The KV tier in the simulator: which prefix blocks the disk tier holds (every block the pool caches, least
-recently used first out of a byte budget, as engine/kv_tier.py keeps them) and what reading them back costs (the
-disk's read rate, a profile parameter measured by `warmpath simulate --calibrate`)."""
+"""The KV tier in the simulator: which prefix blocks the disk tier holds (every block the pool
+caches, least recently used first out of a byte budget, as engine/kv_tier.py keeps them) and what
+reading them back costs (the disk's read rate, a profile parameter measured by `warmpath simulate
+--calibrate`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections import OrderedDict
 
 
 class SimTier:
-    """scheduler.KVTier without tensors: restoring a block costs block_bytes / read rate of the step's time."""
+    """scheduler.KVTier without tensors: restoring a block costs block_bytes / read rate of the
+    step's time."""
 
     def __init__(self, capacity_bytes: int, block_bytes: int, read_bytes_per_s: float):
         self.capacity = max(0, capacity_bytes // block_bytes)
@@ -27,7 +29,8 @@ class SimTier:
     def has(self, block_hash: bytes) -> bool:
         return block_hash in self.blocks
 
-    def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int, ...]]) -> int:
+    def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int,
+                                                                                    ...]]) -> int:
         for h in hashes:
             self.blocks.move_to_end(h)
         self.restored_blocks += len(blocks)

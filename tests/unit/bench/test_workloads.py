@@ -1,5 +1,5 @@
-"""Workload generators: deterministic for a seed, real file text at the cursor, bursty out-of-phase sessions,
-agent turns that are mostly byte-identical to the previous one."""
+"""Workload generators: deterministic for a seed, real file text at the cursor, bursty out-of-phase
+sessions, agent turns that are mostly byte-identical to the previous one."""
 
 import statistics
 import sysconfig
@@ -18,7 +18,8 @@ from warmpath.workloads import (
 )
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-PAUSE = 0.8  # keys further apart than this are a reading pause (>= 1 s), not typing or a hesitation (<= 0.6 s)
+# keys further apart than this are a reading pause (>= 1 s), not typing or a hesitation (<= 0.6 s)
+PAUSE = 0.8
 
 
 def by_session(trace: Trace, kind: str = "key") -> dict[str, list[dict]]:
@@ -63,12 +64,15 @@ def test_editor_prefix_and_suffix_are_the_real_file_text_at_the_cursor():
         prefix, suffix, expected = editor_document(trace, e, 5000, 1000)
         assert real[: e["cursor"]].endswith(prefix)
         assert min(5000, e["cursor"]) <= len(prefix) <= 1.25 * 5000 + 500
-        assert len(prefix) == e["cursor"] or real[e["cursor"] - len(prefix) - 1] == "\n"  # starts at a line
-        assert suffix == "\n" + real[e["end"]: e["end"] + 999]  # the cursor's line ends: new code goes there
+        # starts at a line
+        assert len(prefix) == e["cursor"] or real[e["cursor"] - len(prefix) - 1] == "\n"
+        # the cursor's line ends: new code goes there
+        assert suffix == "\n" + real[e["end"]: e["end"] + 999]
         assert e["cursor"] <= e["end"]
         rest = real[e["cursor"]:]
         assert expected in rest and (rest.startswith(expected) or not rest.split("\n")[0].strip())
-    # Within one developer's stretch of typing, each key adds the next real characters (cursor only advances).
+    # Within one developer's stretch of typing, each key adds the next real characters (cursor only
+    # advances).
     for _sid, ks in by_session(trace).items():
         for a, b in zip(ks, ks[1:], strict=False):
             if a["file"] == b["file"] and a["end"] == b["end"]:
@@ -84,7 +88,8 @@ def test_editor_sessions_are_bursty_and_out_of_phase():
         starts.append(keys[0]["t"])
         for g in groups[:-1]:  # the last burst may be cut by the end of the trace
             pauses = sum(b["t"] - a["t"] > PAUSE for a, b in zip(g, g[1:], strict=False)) + 1
-            assert pauses == p.requests_per_burst  # ~10 requests that survive the debounce per burst
+            # ~10 requests that survive the debounce per burst
+            assert pauses == p.requests_per_burst
             burst_lengths.append(g[-1]["t"] - g[0]["t"])
         quiet_gaps += [b[0]["t"] - a[-1]["t"] for a, b in zip(groups, groups[1:], strict=False)]
     assert len(quiet_gaps) >= 20
@@ -92,8 +97,8 @@ def test_editor_sessions_are_bursty_and_out_of_phase():
     assert 120 < statistics.median(burst_lengths) < 420  # ~4 minutes of activity
     # Out of phase: first bursts spread over the cycle, not all at once.
     assert max(starts) - min(starts) > 0.25 * (p.burst_s + p.quiet_s)
-    # Typing is human-paced with hesitations that outlast the debounce (stale requests), and it is not
-    # compressed by `rate`.
+    # Typing is human-paced with hesitations that outlast the debounce (stale requests), and it is
+    # not compressed by `rate`.
     gaps = [b["t"] - a["t"] for a, b in zip(trace.events, trace.events[1:], strict=False)
             if a["session"] == b["session"]]
     typing = [g for g in gaps if g < PAUSE]
@@ -136,7 +141,8 @@ def test_agent_turns_grow_a_mostly_identical_context():
 
 
 def test_the_prefix_window_start_is_stable_while_typing():
-    """Consecutive keys of one stretch share the prompt's start, so a server can reuse the cached prefix."""
+    """Consecutive keys of one stretch share the prompt's start, so a server can reuse the cached
+    prefix."""
     trace = editor_trace(4, 300, seed=4, rate=30)
     same = total = 0
     for _sid, keys in by_session(trace).items():

@@ -1,9 +1,9 @@
-"""`warmpath lsp` driven over stdio by a real LSP client (pygls' LanguageClient) against a real `warmpath serve`
-(tiny model, loopback HTTP): inline completion and completion give the text the server gives over HTTP;
-incremental edits are followed; a keystroke burst yields one completion while the stale requests abort on the
-server, as `$/cancelRequest` does; past the deadline the answer is empty, never an error; the other open
-documents go along as repository context, those named like secrets only when asked; shutdown and exit end the
-process."""
+"""`warmpath lsp` driven over stdio by a real LSP client (pygls' LanguageClient) against a real
+`warmpath serve` (tiny model, loopback HTTP): inline completion and completion give the text the
+server gives over HTTP; incremental edits are followed; a keystroke burst yields one completion
+while the stale requests abort on the server, as `$/cancelRequest` does; past the deadline the
+answer is empty, never an error; the other open documents go along as repository context, those
+named like secrets only when asked; shutdown and exit end the process."""
 
 import asyncio
 import sys
@@ -17,16 +17,18 @@ from server_harness import CODE, counter
 
 DOC = "file:///work/app.py"
 OTHER = "file:///work/util.py"
-TEXT = CODE * 20  # ~700 tokens: with the fixture's 64-token step budget, a request is in flight for ~11 steps
+# ~700 tokens: with the fixture's 64-token step budget, a request is in flight for ~11 steps
+TEXT = CODE * 20
 END = types.Position(line=TEXT.count("\n"), character=0)
 
 
 async def started(url: str, max_tokens: int = 8, **options) -> LanguageClient:
     client = LanguageClient("warmpath-test", "1")
-    await client.start_io(sys.executable, "-m", "warmpath.cli", "--log-level", "WARNING", "lsp", "--url", url,
-                          "--max-tokens", str(max_tokens))
-    await client.initialize_async(types.InitializeParams(
-        capabilities=types.ClientCapabilities(), initialization_options={"debounceMs": 0, **options}))
+    await client.start_io(sys.executable, "-m", "warmpath.cli", "--log-level", "WARNING", "lsp",
+                          "--url", url, "--max-tokens", str(max_tokens))
+    await client.initialize_async(
+        types.InitializeParams(capabilities=types.ClientCapabilities(),
+                               initialization_options={"debounceMs": 0, **options}))
     client.initialized(types.InitializedParams())
     return client
 
@@ -43,7 +45,8 @@ def open_doc(client: LanguageClient, uri: str, text: str) -> None:
         types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
 
 
-def type_at_end(client: LanguageClient, uri: str, version: int, text: str, at: types.Position) -> None:
+def type_at_end(client: LanguageClient, uri: str, version: int, text: str,
+                at: types.Position) -> None:
     """An incremental change: `text` inserted at `at`."""
     client.text_document_did_change(types.DidChangeTextDocumentParams(
         types.VersionedTextDocumentIdentifier(uri=uri, version=version),
@@ -51,9 +54,11 @@ def type_at_end(client: LanguageClient, uri: str, version: int, text: str, at: t
 
 
 def inline(client: LanguageClient, uri: str, at: types.Position):
-    return client.text_document_inline_completion_async(types.InlineCompletionParams(
-        text_document=types.TextDocumentIdentifier(uri), position=at,
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    return client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri), position=at,
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
 
 
 def direct(url: str, prompt: str, suffix: str = "", max_tokens: int = 8) -> str:
@@ -84,11 +89,13 @@ def test_inline_completion_and_completion_give_the_servers_text_after_incrementa
 
 
 async def running_alone(url: str, aborted_before: float, stale: int) -> None:
-    """Until the newest request runs on the server and the `stale` ones before it have been aborted: whatever the
-    CPU's speed, the next keystroke then finds it in flight (an answer of 300 tokens lasts far longer than a poll)."""
+    """Until the newest request runs on the server and the `stale` ones before it have been aborted:
+    whatever the CPU's speed, the next keystroke then finds it in flight (an answer of 300 tokens
+    lasts far longer than a poll)."""
     for _ in range(2000):
         running = await asyncio.to_thread(counter, url, "warmpath_num_requests_running")
-        gone = await asyncio.to_thread(counter, url, "warmpath_requests_aborted_total", 'reason="client"')
+        gone = await asyncio.to_thread(counter, url, "warmpath_requests_aborted_total",
+                                       'reason="client"')
         if running >= 1 and gone - aborted_before >= stale:
             return
         await asyncio.sleep(0.005)
@@ -103,14 +110,16 @@ def test_a_keystroke_burst_yields_one_completion_and_the_stale_ones_abort_on_the
         counter(url, "warmpath_requests_total", 'finish_reason="stop"')
 
     async def run():
-        client = await started(url, max_tokens=300)  # each answer streams for a while: the next key finds it
+        # each answer streams for a while: the next key finds it
+        client = await started(url, max_tokens=300)
         open_doc(client, DOC, TEXT)
         asked, at = [], END
         for version, key in enumerate("def f", start=2):
             type_at_end(client, DOC, version, key, at)
             at = types.Position(at.line, at.character + 1)
             asked.append(asyncio.ensure_future(inline(client, DOC, at)))
-            await running_alone(url, aborted, stale=version - 2)  # the next key comes while this one is in flight
+            # the next key comes while this one is in flight
+            await running_alone(url, aborted, stale=version - 2)
         results = await asyncio.gather(*asked, return_exceptions=True)
         await stopped(client)
         return results
@@ -133,10 +142,12 @@ def test_cancel_request_aborts_the_request_on_the_server(server):
     async def run():
         client = await started(url, max_tokens=300)
         open_doc(client, DOC, TEXT + "x")
-        params = types.InlineCompletionParams(text_document=types.TextDocumentIdentifier(DOC), position=END,
-                                              context=types.InlineCompletionContext(
-                                                  trigger_kind=types.InlineCompletionTriggerKind.Invoked))
-        pending = client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=77)
+        params = types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(DOC), position=END,
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Invoked))
+        pending = client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                                     msg_id=77)
         await asyncio.sleep(0.1)  # on the server by now, and streaming
         client.cancel_request(types.CancelParams(id=77))
         with pytest.raises(JsonRpcRequestCancelled):
@@ -182,7 +193,8 @@ def test_the_other_open_documents_go_along_as_repository_context(server):
 
 @pytest.mark.server
 def test_open_documents_named_like_secrets_stay_out_of_the_context_unless_asked(server):
-    """A `.env` open beside the code is not sent with every keystroke; `contextSecrets: true` sends it."""
+    """A `.env` open beside the code is not sent with every keystroke; `contextSecrets: true` sends
+    it."""
     url, _ = server
     env = "API_TOKEN=hunter2\nDATABASE_URL=postgres://admin:pw@db/app\n" * 20
 
@@ -199,14 +211,17 @@ def test_open_documents_named_like_secrets_stay_out_of_the_context_unless_asked(
     assert sent > kept_out + 200  # the .env's ~600 tokens went only when asked
     from warmpath.client.secret_files import looks_secret
 
-    assert all(map(looks_secret, (".env.local", "server.pem", "id_ed25519", "github_token", "db-credentials.json")))
+    assert all(
+        map(looks_secret,
+            (".env.local", "server.pem", "id_ed25519", "github_token", "db-credentials.json")))
     assert not any(map(looks_secret, ("util.py", "tokenizer.py", "id_utils.py", "environment.py")))
 
 
 def test_bad_initialization_options_are_an_error_the_editor_sees():
     from warmpath.client.lsp import Settings
 
-    assert Settings().updated({"url": "http://h:1", "debounceMs": 10, "other": 1}).url == "http://h:1"
+    assert Settings().updated({"url": "http://h:1", "debounceMs": 10,
+                               "other": 1}).url == "http://h:1"
     with pytest.raises(ValueError, match="maxTokens must be an integer"):
         Settings().updated({"maxTokens": "many"})
     with pytest.raises(ValueError, match="contextSecrets must be a boolean"):

@@ -1,4 +1,5 @@
-"""device="cuda": the same model on the GPU gives the CPU's logits and greedy tokens (skipped without a GPU)."""
+"""device="cuda": the same model on the GPU gives the CPU's logits and greedy tokens (skipped
+without a GPU)."""
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ def test_cuda_matches_cpu(tiny_llama_dir):
     cpu = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=64)
     gpu = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=64, device="cuda")
     assert gpu.engine.runner.kv_cache.is_cuda
-    assert [o.token_ids for o in gpu.generate(prompts, sp)] == [o.token_ids for o in cpu.generate(prompts, sp)]
+    assert [o.token_ids
+            for o in gpu.generate(prompts, sp)] == [o.token_ids for o in cpu.generate(prompts, sp)]
     seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True)
-    assert gpu.generate(prompts[0], seeded)[0].token_ids == gpu.generate(prompts[0], seeded)[0].token_ids
+    assert gpu.generate(prompts[0], seeded)[0].token_ids == gpu.generate(prompts[0],
+                                                                         seeded)[0].token_ids

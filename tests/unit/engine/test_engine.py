@@ -1,5 +1,6 @@
-"""Engine + Scheduler + BlockPool on the tiny model: exact outputs under caching / chunking / preemption,
-warm prefixes, continuous batching, no head-of-line blocking, aborts and deadlines in every state."""
+"""Engine + Scheduler + BlockPool on the tiny model: exact outputs under caching / chunking /
+preemption, warm prefixes, continuous batching, no head-of-line blocking, aborts and deadlines in
+every state."""
 
 import time
 
@@ -19,7 +20,8 @@ def make(path, clock=time.monotonic, **kw) -> Engine:
     return Engine(EngineConfig(model=str(path), **kw), clock)
 
 
-def run(engine: Engine, prompts: list[list[int]], params=GREEDY, check=True) -> dict[str, list[int]]:
+def run(engine: Engine, prompts: list[list[int]], params=GREEDY,
+        check=True) -> dict[str, list[int]]:
     for i, ids in enumerate(prompts):
         engine.add_request(EngineRequest(f"r{i}", ids, params))
     done = {}
@@ -48,9 +50,11 @@ def test_outputs_identical_across_cache_chunking_and_preemption(tiny_long_dir, p
     assert run(cached, prompts) == reference
     assert run(cached, prompts) == reference  # now mostly prefix hits
     assert cached.stats()["prefix_cache_hit_tokens"] > 0.9 * sum(map(len, prompts))
-    assert run(make(tiny_long_dir, scheduler=SchedulerConfig(max_num_batched_tokens=32)), prompts) == reference
+    assert run(make(tiny_long_dir, scheduler=SchedulerConfig(max_num_batched_tokens=32)),
+               prompts) == reference
     # A pool far smaller than the batch needs: preemption must happen, outputs must not change.
-    small = make(tiny_long_dir, num_kv_blocks=100, scheduler=SchedulerConfig(max_num_batched_tokens=128))
+    small = make(tiny_long_dir, num_kv_blocks=100,
+                 scheduler=SchedulerConfig(max_num_batched_tokens=128))
     assert run(small, prompts) == reference
     assert small.stats()["num_preemptions"] > 0
 
@@ -60,9 +64,12 @@ def test_warm_prefix_computes_only_the_new_tokens(tiny_long_dir, prompts):
     base = prompts[0][:300] if len(prompts[0]) >= 300 else (prompts[0] * 3)[:300]
     run(engine, [base], SamplingParams(max_tokens=1, temperature=0))
     before = engine.stats()["num_computed_tokens"]
-    engine.add_request(EngineRequest("warm", base + list(range(40, 60)), SamplingParams(max_tokens=1, temperature=0)))
+    engine.add_request(
+        EngineRequest("warm", base + list(range(40, 60)),
+                      SamplingParams(max_tokens=1, temperature=0)))
     out = [o for o in engine.step() if o.request_id == "warm"][0]
-    assert out.finished and out.num_cached_tokens == 288  # every full block of the first prompt (18 x 16)
+    # every full block of the first prompt (18 x 16)
+    assert out.finished and out.num_cached_tokens == 288
     assert engine.stats()["num_computed_tokens"] - before == 320 - 288
 
 
@@ -92,14 +99,18 @@ def test_long_prefill_never_stalls_decodes(tiny_long_dir, prompts):
     while "big" in engine.requests:
         outs = {o.request_id: o for o in engine.step()}
         steps += 1
-        assert all(len(outs[f"d{i}"].new_token_ids) == 1 for i in range(8)), f"a decode skipped step {steps}"
+        assert all(len(outs[f"d{i}"].new_token_ids) == 1
+                   for i in range(8)), f"a decode skipped step {steps}"
     assert steps >= 4000 // 256  # the prompt really was chunked
 
 
 def test_eviction_is_least_recently_used_session(tiny_long_dir):
     engine = make(tiny_long_dir, num_kv_blocks=14, block_size=16)
     one = SamplingParams(max_tokens=1, temperature=0)
-    sessions = {name: [base + i % 7 for i in range(64)] for name, base in (("A", 10), ("B", 30), ("C", 50))}
+    sessions = {
+        name: [base + i % 7 for i in range(64)]
+        for name, base in (("A", 10), ("B", 30), ("C", 50))
+    }
 
     def hit(name, ids):
         engine.add_request(EngineRequest(name, ids, one))
@@ -151,7 +162,8 @@ def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_
     clock = FakeClock()
     engine = make(tiny_long_dir, clock)
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
-    engine.add_request(EngineRequest("late", prompts[0][:50], long, deadline=clock.t - 0.001))  # already past
+    # already past
+    engine.add_request(EngineRequest("late", prompts[0][:50], long, deadline=clock.t - 0.001))
     engine.add_request(EngineRequest("soon", prompts[1][:50], long, deadline=clock.t + 5))
     outs = {o.request_id: o for o in engine.step()}
     assert outs["late"].finish_reason == FinishReason.DEADLINE and outs["late"].token_ids == []
@@ -167,8 +179,10 @@ def test_deadline_finishes_at_the_next_step_and_computes_nothing_more(tiny_long_
     assert not engine.has_unfinished_requests()
 
 
-def test_a_prompt_deadline_ends_a_request_with_no_token_yet_and_only_such_a_request(tiny_long_dir, prompts):
-    """llama.cpp's t_max_prompt_ms: no first token by then is late; a request past its first token runs on."""
+def test_a_prompt_deadline_ends_a_request_with_no_token_yet_and_only_such_a_request(
+        tiny_long_dir, prompts):
+    """llama.cpp's t_max_prompt_ms: no first token by then is late; a request past its first token
+    runs on."""
     clock = FakeClock()
     engine = make(tiny_long_dir, clock, scheduler=SchedulerConfig(max_num_batched_tokens=64))
     long = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
@@ -215,4 +229,5 @@ def test_a_failing_step_fails_its_requests_not_the_engine(tiny_long_dir, prompts
     assert "simulated kernel failure" in outs["a"].error
     check_pool_invariants(engine)
     assert engine.pool.num_used == 0 and not engine.has_unfinished_requests()
-    assert run(engine, [prompts[2][:40]]) == run(make(tiny_long_dir), [prompts[2][:40]])  # still serving
+    # still serving
+    assert run(engine, [prompts[2][:40]]) == run(make(tiny_long_dir), [prompts[2][:40]])

@@ -1,5 +1,6 @@
-"""Token healing (engine/healing.py): a prompt's last token given back is spelled again by the completion's first
-tokens, whatever the model prefers, and the text the answer shows starts after it."""
+"""Token healing (engine/healing.py): a prompt's last token given back is spelled again by the
+completion's first tokens, whatever the model prefers, and the text the answer shows starts after
+it."""
 
 import pytest
 from engine_checks import code_texts
@@ -34,7 +35,11 @@ def test_token_bytes_spell_what_decode_spells(smollm2):
 @pytest.mark.parametrize("heal", [b" fi", b"\n", b"        ret", b"(n", b"\xcf\x80"])
 def test_the_allowed_tokens_are_exactly_those_that_keep_to_the_text(healer, smollm2, heal):
     allowed = set(healer.allowed(heal).tolist())
-    expected = {i for i, p in enumerate(smollm2.token_bytes) if p and (p.startswith(heal) or heal.startswith(p))}
+    expected = {
+        i
+        for i, p in enumerate(smollm2.token_bytes)
+        if p and (p.startswith(heal) or heal.startswith(p))
+    }
     assert allowed == expected and allowed
 
 
@@ -62,7 +67,8 @@ def test_the_engine_spells_the_healed_text_first_then_runs_free(tiny_long_dir):
     for name, heal in heals.items():
         params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, heal=heal)
         engine.add_request(EngineRequest(name, prompt, params))
-    sampled = SamplingParams(max_tokens=16, temperature=0.8, seed=1, ignore_eos=True, heal="    return fi")
+    sampled = SamplingParams(max_tokens=16, temperature=0.8, seed=1, ignore_eos=True,
+                             heal="    return fi")
     engine.add_request(EngineRequest("sampled", prompt, sampled))
     out = {}
     while engine.has_unfinished_requests():

@@ -1,5 +1,6 @@
-"""The idle engine gives the heap's free pages back (engine/heap.py): a node's resident set follows what it uses,
-not the highest it ever used. The hour soak found a node's heap 80 MB larger, free, after a flood."""
+"""The idle engine gives the heap's free pages back (engine/heap.py): a node's resident set follows
+what it uses, not the highest it ever used. The hour soak found a node's heap 80 MB larger, free,
+after a flood."""
 
 import ctypes
 
@@ -7,8 +8,9 @@ from warmpath.engine import heap
 
 
 def _fragmented(mib: int) -> list[int]:
-    """`mib` MiB of 64 KiB blocks malloc'ed and written (resident), then every block but one in eight freed: the
-    freed holes sit between live blocks, below the heap's top, where glibc's own top trim cannot give them back."""
+    """`mib` MiB of 64 KiB blocks malloc'ed and written (resident), then every block but one in
+    eight freed: the freed holes sit between live blocks, below the heap's top, where glibc's own
+    top trim cannot give them back."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     blocks = [libc.malloc(64 << 10) for _ in range(mib * 16)]
@@ -41,7 +43,8 @@ def test_trims_are_paced_and_only_when_worth_it():
     assert trimmer.idle() is None  # trimmed: sleep until woken
     assert trimmer.trims == 1
     now[0] = 9.0
-    assert trimmer.idle() == 1.0  # too soon after the last: the idle engine calls again when it is due
+    # too soon after the last: the idle engine calls again when it is due
+    assert trimmer.idle() == 1.0
     assert trimmer.trims == 1
     now[0], free[0] = 20.0, 1 << 20
     assert trimmer.idle() is None  # too little free to be worth the page faults
@@ -52,8 +55,8 @@ def test_trims_are_paced_and_only_when_worth_it():
 
 
 def test_the_heap_gauges_follow_what_is_used_and_what_is_freed():
-    """/metrics' warmpath_heap_used_bytes and warmpath_heap_free_bytes: what the soak reads to tell a leak (used
-    grows) from a heap kept large by glibc (free grows)."""
+    """/metrics' warmpath_heap_used_bytes and warmpath_heap_free_bytes: what the soak reads to tell
+    a leak (used grows) from a heap kept large by glibc (free grows)."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     used = heap.used_heap_bytes()

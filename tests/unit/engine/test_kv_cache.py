@@ -16,7 +16,8 @@ def fill(pool: BlockPool, tokens: list[int]) -> list[int]:
 def test_chained_hash_depends_on_everything_before():
     a = block_hashes(list(range(12)), 4, b"m")
     b = block_hashes([99] + list(range(1, 12)), 4, b"m")
-    assert len(a) == 3 and all(x != y for x, y in zip(a, b, strict=True))  # a change in block 0 moves them all
+    # a change in block 0 moves them all
+    assert len(a) == 3 and all(x != y for x, y in zip(a, b, strict=True))
     assert block_hashes(list(range(12)), 4, b"other") != a  # the extra key separates models / salts
     assert block_hashes(list(range(13)), 4, b"m") == a  # only full blocks are hashed
     assert block_hashes(list(range(12)), 4, b"m", start=a[:1]) == a  # extending known hashes

@@ -1,4 +1,5 @@
-"""LLM.generate on the tiny model: prompt forms, batching, chunking, stops, limits, blocks returned."""
+"""LLM.generate on the tiny model: prompt forms, batching, chunking, stops, limits, blocks
+returned."""
 
 import pytest
 
@@ -43,7 +44,8 @@ def test_batch_equals_one_at_a_time_and_chunking_changes_nothing(llm, tiny_llama
 
 
 def test_seeded_sampling_is_reproducible_in_any_batch(llm):
-    p = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.95, top_k=20, seed=42, ignore_eos=True)
+    p = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.95, top_k=20, seed=42,
+                       ignore_eos=True)
     alone = llm.generate(CODE[2], p)[0].token_ids
     greedy = SamplingParams(max_tokens=5, temperature=0)
     batched = llm.generate([CODE[0], CODE[2], CODE[1]], [greedy, p, greedy])[1].token_ids
@@ -78,5 +80,6 @@ def test_limits_give_clear_errors(llm, tiny_llama_dir):
 
 
 def test_max_tokens_clipped_to_context(llm):
-    out = llm.generate({"prompt_token_ids": [7] * 505}, SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+    out = llm.generate({"prompt_token_ids": [7] * 505},
+                       SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
     assert len(out[0].token_ids) == 7 and out[0].finish_reason == FinishReason.LENGTH

@@ -1,4 +1,5 @@
-"""Paged attention for real: block sizes, scattered blocks, mixed batches, chunks over cached context."""
+"""Paged attention for real: block sizes, scattered blocks, mixed batches, chunks over cached
+context."""
 
 import random
 
@@ -22,7 +23,8 @@ def llms(tiny_llama_dir):
 
 
 def scattered_blocks(llm: LLM, n_tokens: int, rng: random.Random) -> list[int]:
-    """Blocks taken from all over the pool, in random order: logic must follow the table, not adjacency."""
+    """Blocks taken from all over the pool, in random order: logic must follow the table, not
+    adjacency."""
     n = -(-n_tokens // llm.config.block_size)
     blocks = llm.engine.pool.allocate(llm.engine.pool.num_free)
     rng.shuffle(blocks)
@@ -32,8 +34,9 @@ def scattered_blocks(llm: LLM, n_tokens: int, rng: random.Random) -> list[int]:
 
 
 def plan(llm: LLM, ids_list: list[list[int]], rng: random.Random):
-    """Each sequence is computed in stages: a first prompt chunk, a second chunk over the cached first one,
-    then two single-token decode steps. Returns per-stage SeqInputs for every sequence."""
+    """Each sequence is computed in stages: a first prompt chunk, a second chunk over the cached
+    first one, then two single-token decode steps. Returns per-stage SeqInputs for every
+    sequence."""
     stages = []
     for ids in ids_list:
         blocks = scattered_blocks(llm, len(ids), rng)
@@ -82,11 +85,13 @@ def test_same_logits_for_block_sizes_and_batching(llms):
     (_, ref), *others = results
     for name, res in others:
         for key in ref:
-            torch.testing.assert_close(res[key], ref[key], atol=1e-4, rtol=1e-5, msg=f"{name} {key}")
+            torch.testing.assert_close(res[key], ref[key], atol=1e-4, rtol=1e-5,
+                                       msg=f"{name} {key}")
 
 
 def test_staged_equals_one_prefill(llms):
-    """Logits after chunked prefill + decodes over the cache equal one plain prefill of the whole sequence."""
+    """Logits after chunked prefill + decodes over the cache equal one plain prefill of the whole
+    sequence."""
     llm = llms[16]
     ids = llm.get_tokenizer().encode(PROMPTS[0])
     stages = plan(llm, [ids], random.Random(0))

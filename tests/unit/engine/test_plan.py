@@ -1,8 +1,8 @@
-"""The planner with recorded timings (no measuring): the fastest eligible backend per shape class, one
-deterministic backend by default, a mix only when nondeterminism is allowed, the nearest class for a step's
-real shape, and plans saved and loaded as they were. Timings of three CPUs: Sapphire Rapids (AMX), an Intel of the
-Emerald Rapids kind whose VM shows AVX512-BF16 but no AMX, and that one as a CPU without a bf16 attention would
-time it (no such column: an AVX2-only EPYC)."""
+"""The planner with recorded timings (no measuring): the fastest eligible backend per shape class,
+one deterministic backend by default, a mix only when nondeterminism is allowed, the nearest class
+for a step's real shape, and plans saved and loaded as they were. Timings of three CPUs: Sapphire
+Rapids (AMX), an Intel of the Emerald Rapids kind whose VM shows AVX512-BF16 but no AMX, and that
+one as a CPU without a bf16 attention would time it (no such column: an AVX2-only EPYC)."""
 
 import json
 import math
@@ -29,20 +29,24 @@ from warmpath.engine.plan import (
 DATA = Path(__file__).parents[2] / "data"
 SPR = json.loads((DATA / "plan_timings_spr.json").read_text())["backends"]
 EMR = json.loads((DATA / "plan_timings_emr.json").read_text())["backends"]  # AVX512-BF16, no AMX
-ZEN5 = json.loads((DATA / "plan_timings_zen5_qwen05.json").read_text())["backends"]  # AVX512-BF16, no AMX, AMD
+# AVX512-BF16, no AMX, AMD
+ZEN5 = json.loads((DATA / "plan_timings_zen5_qwen05.json").read_text())["backends"]
 
 
 def fastest(timings, kind, key, among=BACKENDS):
-    return min((b for b in among if key in timings.get(b, {}).get(kind, {})), key=lambda b: timings[b][kind][key])
+    return min((b for b in among if key in timings.get(b, {}).get(kind, {})),
+               key=lambda b: timings[b][kind][key])
 
 
-def test_sapphire_rapids_timings_mix_the_kernel_for_decodes_and_short_chunks_with_bf16_for_long_chunks():
+def test_sapphire_rapids_timings_mix_the_kernel_for_decodes_and_short_chunks_with_bf16_for_long_chunks(
+):
     plan = choose(SPR, allow_nondeterministic=True)
     assert (plan.native, plan.torch) == ("native-int8", "torch-bf16") and not plan.deterministic
     for kind, choice in (("decode", plan.decode), ("chunk", plan.chunk)):
         assert set(choice) == set(SPR["native-int8"][kind])
         for key, backend in choice.items():
-            assert backend == fastest(SPR, kind, key), (kind, key)  # exactly where the file says it is faster
+            # exactly where the file says it is faster
+            assert backend == fastest(SPR, kind, key), (kind, key)
     assert set(plan.decode.values()) == {"native-int8"}
     assert plan.chunk["8@6144"] == plan.chunk["32@0"] == "native-int8"
     assert plan.chunk["32@2048"] == plan.chunk["128@0"] == plan.chunk["512@6144"] == "torch-bf16"
@@ -59,7 +63,8 @@ def test_the_fastest_candidate_wins_whichever_it_is():
                for b, t in SPR.items()}
     assert choose(flipped).backends == ["native-fp32"]
     torch_only = {b: t for b, t in SPR.items() if b.startswith("torch")}
-    plan = choose(torch_only)  # no native kernel on this machine: the fastest torch backend, said to be so
+    # no native kernel on this machine: the fastest torch backend, said to be so
+    plan = choose(torch_only)
     assert plan.backends == ["torch-bf16"] and not plan.deterministic
     with pytest.raises(ValueError):
         choose({})
@@ -67,8 +72,14 @@ def test_the_fastest_candidate_wins_whichever_it_is():
 
 def test_a_backend_that_is_slower_everywhere_is_left_out_of_the_mix():
     fast_torch = {b: t for b, t in SPR.items() if b in ("native-int8", "torch-fp32", "torch-bf16")}
-    plan = choose({**fast_torch, "torch-fp32": {k: {s: 1e6 for s in v} for k, v in SPR["torch-fp32"].items()}},
-                  allow_nondeterministic=True)
+    plan = choose(
+        {
+            **fast_torch, "torch-fp32": {
+                k: {s: 1e6
+                    for s in v}
+                for k, v in SPR["torch-fp32"].items()
+            }
+        }, allow_nondeterministic=True)
     assert plan.torch == "torch-bf16"
 
 
@@ -105,9 +116,10 @@ def geomean(timings, backend):
 
 
 def test_the_bf16_attention_is_chosen_where_it_measured_faster_and_not_where_it_is_missing():
-    """On the AVX512-BF16 machine the bf16 attention was faster for long chunks, level for decodes: the plan takes
-    it, by the geometric mean over every shape, and allowed to mix it takes nothing more (it is the fastest on every
-    shape there). Without that column (an AVX2 CPU has no such candidate) the plan is native-int8."""
+    """On the AVX512-BF16 machine the bf16 attention was faster for long chunks, level for decodes:
+    the plan takes it, by the geometric mean over every shape, and allowed to mix it takes nothing
+    more (it is the fastest on every shape there). Without that column (an AVX2 CPU has no such
+    candidate) the plan is native-int8."""
     plan = choose(EMR)
     assert plan.backends == ["native-int8-bf16attn"] and plan.deterministic
     assert min(DETERMINISTIC, key=lambda b: geomean(EMR, b)) == "native-int8-bf16attn"
@@ -116,7 +128,8 @@ def test_the_bf16_attention_is_chosen_where_it_measured_faster_and_not_where_it_
     mixed = choose(EMR, allow_nondeterministic=True)
     for kind, choice in (("decode", mixed.decode), ("chunk", mixed.chunk)):
         for key, backend in choice.items():
-            assert backend == fastest(EMR, kind, key, [b for b in BACKENDS if b in mixed.backends]), (kind, key)
+            assert backend == fastest(EMR, kind, key,
+                                      [b for b in BACKENDS if b in mixed.backends]), (kind, key)
     without = {b: t for b, t in EMR.items() if b != "native-int8-bf16attn"}
     assert choose(without).backends == ["native-int8"]
     slower = {**EMR, "native-int8-bf16attn": {k: {s: 1.5 * ms for s, ms in v.items()}
@@ -125,16 +138,18 @@ def test_the_bf16_attention_is_chosen_where_it_measured_faster_and_not_where_it_
 
 
 def test_on_the_zen5_the_bf16_attention_and_mixed_torch_bf16_only_for_long_fresh_chunks():
-    """The Zen 5 (AVX512-BF16, no AMX), Qwen2.5-Coder-0.5B: deterministic, the bf16 attention kernel (fastest on
-    every decode and on chunks over a cached context); allowed to mix, torch's bf16 takes exactly the long chunks
-    with nothing cached, where it measured faster, and nothing else."""
+    """The Zen 5 (AVX512-BF16, no AMX), Qwen2.5-Coder-0.5B: deterministic, the bf16 attention kernel
+    (fastest on every decode and on chunks over a cached context); allowed to mix, torch's bf16
+    takes exactly the long chunks with nothing cached, where it measured faster, and nothing
+    else."""
     plan = choose(ZEN5)
     assert plan.backends == ["native-int8-bf16attn"] and plan.deterministic
     mixed = choose(ZEN5, allow_nondeterministic=True)
     assert set(mixed.backends) == {"native-int8-bf16attn", "torch-bf16"} and not mixed.deterministic
     for kind, choice in (("decode", mixed.decode), ("chunk", mixed.chunk)):
         for key, backend in choice.items():
-            assert backend == fastest(ZEN5, kind, key, [b for b in BACKENDS if b in mixed.backends]), (kind, key)
+            assert backend == fastest(ZEN5, kind, key,
+                                      [b for b in BACKENDS if b in mixed.backends]), (kind, key)
     assert {k for k, b in mixed.chunk.items() if b == "torch-bf16"} == {"128@0", "512@0"}
 
 
@@ -146,17 +161,21 @@ def test_native_backend_names_say_the_kernels_options():
         "native-int8-bf16attn"
 
 
-def test_a_configuration_named_by_dtype_is_a_plan_with_the_fixed_rule_at_its_exact_thresholds(tmp_path):
-    """fp32 activations: decodes and chunks of at most MAX_CHUNK new tokens, or whose whole context is at most
-    NATIVE_CONTEXT, natively; torch the rest. int8 activations: every shape natively, no torch backend. The cache
-    is the named dtype's. The rule survives a save and a load."""
+def test_a_configuration_named_by_dtype_is_a_plan_with_the_fixed_rule_at_its_exact_thresholds(
+        tmp_path):
+    """fp32 activations: decodes and chunks of at most MAX_CHUNK new tokens, or whose whole context
+    is at most NATIVE_CONTEXT, natively; torch the rest. int8 activations: every shape natively, no
+    torch backend. The cache is the named dtype's. The rule survives a save and a load."""
     plan = fixed("native-fp32", "torch-fp32")
-    assert plan.backends == ["native-fp32", "torch-fp32"] and plan.cache == "float32" and not plan.deterministic
+    assert plan.backends == ["native-fp32", "torch-fp32"
+                             ] and plan.cache == "float32" and not plan.deterministic
     assert plan.for_decode(64, 8000) == "native-fp32"
-    assert plan.for_chunk(MAX_CHUNK, 6000) == "native-fp32" and plan.for_chunk(MAX_CHUNK + 1, 6000) == "torch-fp32"
+    assert plan.for_chunk(MAX_CHUNK, 6000) == "native-fp32" and plan.for_chunk(MAX_CHUNK + 1,
+                                                                               6000) == "torch-fp32"
     assert plan.for_chunk(48, NATIVE_CONTEXT - 48) == "native-fp32"
     assert plan.for_chunk(48, NATIVE_CONTEXT - 47) == "torch-fp32"
-    assert plan.chunk[chunk_key(512, 0)] == "native-fp32" and plan.chunk[chunk_key(128, 2048)] == "torch-fp32"
+    assert plan.chunk[chunk_key(512, 0)] == "native-fp32" and plan.chunk[chunk_key(
+        128, 2048)] == "torch-fp32"
     plan.save(tmp_path / "p.json")
     again = BackendPlan.load(tmp_path / "p.json")
     assert again == plan and again.for_chunk(48, NATIVE_CONTEXT - 47) == "torch-fp32"
@@ -164,4 +183,5 @@ def test_a_configuration_named_by_dtype_is_a_plan_with_the_fixed_rule_at_its_exa
     assert int8.backends == ["native-int8"] and int8.cache == "bfloat16" and int8.deterministic
     assert int8.for_chunk(512, 6000) == "native-int8"
     bf16 = fixed(None, "torch-bf16")
-    assert bf16.backends == ["torch-bf16"] and bf16.for_decode(1, 10) == bf16.for_chunk(512, 0) == "torch-bf16"
+    assert bf16.backends == ["torch-bf16"
+                             ] and bf16.for_decode(1, 10) == bf16.for_chunk(512, 0) == "torch-bf16"

@@ -1,6 +1,7 @@
-"""The plan in the engine: a saved plan is reused and measured again when the machine, the model or the code
-changes; a forced mixed plan (the Sapphire Rapids choice: the native kernel for decodes and short chunks, bf16
-torch for long chunks) runs both backends over one 16-bit KV cache; a native-only plan holds no torch model."""
+"""The plan in the engine: a saved plan is reused and measured again when the machine, the model or
+the code changes; a forced mixed plan (the Sapphire Rapids choice: the native kernel for decodes and
+short chunks, bf16 torch for long chunks) runs both backends over one 16-bit KV cache; a native-only
+plan holds no torch model."""
 
 import json
 from pathlib import Path
@@ -16,23 +17,27 @@ from warmpath.engine.plan import choose
 from warmpath.engine.runner import SeqInput
 from warmpath.models.loader import load_checkpoint
 
-SPR = json.loads((Path(__file__).parents[2] / "data" / "plan_timings_spr.json").read_text())["backends"]
+SPR = json.loads(
+    (Path(__file__).parents[2] / "data" / "plan_timings_spr.json").read_text())["backends"]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def long_gguf(tmp_path_factory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("plan") / "long.gguf", max_position_embeddings=8192)[0]
+    return write_tiny_gguf(
+        tmp_path_factory.mktemp("plan") / "long.gguf", max_position_embeddings=8192)[0]
 
 
 @pytest.mark.slow
-def test_a_saved_plan_is_reused_and_remeasured_when_the_cpu_model_or_code_changes(long_gguf, tmp_path,
-                                                                                  monkeypatch):
+def test_a_saved_plan_is_reused_and_remeasured_when_the_cpu_model_or_code_changes(
+        long_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
     calls = []
 
-    def measure(ckpt, backends, steps, eliminate=False, progress=None):  # Sapphire Rapids' times stand in
-        calls.append(list(backends))  # (its file has no bf16 attention column: here twice native-int8's times)
+    def measure(ckpt, backends, steps, eliminate=False, progress=None):
+        # Sapphire Rapids' times stand in
+        # (its file has no bf16 attention column: here twice native-int8's times)
+        calls.append(list(backends))
         slower = {k: {s: 2 * ms for s, ms in v.items()} for k, v in SPR["native-int8"].items()}
         return {b: SPR[b] if b in SPR else slower for b in backends}
 
@@ -40,16 +45,22 @@ def test_a_saved_plan_is_reused_and_remeasured_when_the_cpu_model_or_code_change
     ckpt = load_checkpoint(str(long_gguf), torch.float32)
     plan, how = plan_timing.load_or_measure(ckpt, 2, True, False)
     natives = [b for b in plan_timing.candidates(True) if b.startswith("native")]
-    assert calls == [natives] and "native-int8-bf16attn" not in SPR  # deterministic plans time what they may use
+    # deterministic plans time what they may use
+    assert calls == [natives] and "native-int8-bf16attn" not in SPR
     assert how.startswith("measured") and plan.backends == ["native-int8"]
-    assert plan_timing.load_or_measure(ckpt, 2, True, False)[1].startswith("loaded") and len(calls) == 1
-    mixed, how = plan_timing.load_or_measure(ckpt, 2, True, True)  # mixing allowed: torch timed once, then kept
+    assert plan_timing.load_or_measure(ckpt, 2, True,
+                                       False)[1].startswith("loaded") and len(calls) == 1
+    # mixing allowed: torch timed once, then kept
+    mixed, how = plan_timing.load_or_measure(ckpt, 2, True, True)
     torches = [b for b in plan_timing.candidates(True) if b.startswith("torch")]
-    assert calls[1:] == [torches] and mixed.torch == min(torches, key=lambda b: sum(SPR[b]["chunk"].values()))
-    assert plan_timing.load_or_measure(ckpt, 2, True, True)[1].startswith("loaded") and len(calls) == 2
+    assert calls[1:] == [torches] and mixed.torch == min(
+        torches, key=lambda b: sum(SPR[b]["chunk"].values()))
+    assert plan_timing.load_or_measure(ckpt, 2, True,
+                                       True)[1].startswith("loaded") and len(calls) == 2
     key = plan_timing.machine_key(ckpt, 2)
     assert plan_timing.machine_key(ckpt, 1) != key  # threads
-    monkeypatch.setattr(plan_timing, "_cpu_identity", lambda: "model name: another CPU\nflags: avx2")
+    monkeypatch.setattr(plan_timing, "_cpu_identity",
+                        lambda: "model name: another CPU\nflags: avx2")
     assert plan_timing.machine_key(ckpt, 2) != key  # CPU
     other = load_checkpoint(str(write_tiny_gguf(tmp_path / "other.gguf", seed=1)[0]), torch.float32)
     monkeypatch.undo()
@@ -72,10 +83,14 @@ def test_a_forced_mixed_plan_runs_both_backends_over_one_16_bit_cache(long_gguf,
     assert engine.runner.native is not None and engine.runner.model is not None
     assert engine.dtype == torch.bfloat16 and engine.kv_dtype == torch.bfloat16
     # One step: decodes (native) beside a long chunk over 2k cached tokens (bf16 torch).
-    route = engine.runner.route([SeqInput([1], 600, []), SeqInput([2], 900, []), SeqInput([5] * 128, 2048, [])])
+    route = engine.runner.route(
+        [SeqInput([1], 600, []),
+         SeqInput([2], 900, []),
+         SeqInput([5] * 128, 2048, [])])
     assert (route.native, route.torch) == ([0, 1], [2])
     tok = llm.get_tokenizer()
-    prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + 40 * i))} for i in range(4)]
+    prompts = [{"prompt_token_ids": tok.encode(f"def f(x):\n    return x * {i}\n" * (1 + 40 * i))}
+               for i in range(4)]
     together = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     alone = [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
     assert together == alone and all(len(t) == GREEDY.max_tokens for t in together)
@@ -99,15 +114,18 @@ def test_a_native_only_plan_keeps_no_torch_model(long_gguf):
     ({"dtype": "bfloat16", "kernel": "native"}, ["native-fp32", "torch-bf16"], torch.bfloat16),
     ({"plan": "native-int8"}, ["native-int8"], torch.bfloat16),
 ])
-def test_every_configuration_is_a_plan_and_the_step_goes_where_the_plan_says(long_gguf, config, backends, cache):
-    """A named dtype, kernel or activations is a plan too (plan.fixed): the engine holds the plan's backends and
-    nothing else, its KV cache is the plan's, and route() sends every shape where the plan names."""
+def test_every_configuration_is_a_plan_and_the_step_goes_where_the_plan_says(
+        long_gguf, config, backends, cache):
+    """A named dtype, kernel or activations is a plan too (plan.fixed): the engine holds the plan's
+    backends and nothing else, its KV cache is the plan's, and route() sends every shape where the
+    plan names."""
     engine = LLM(str(long_gguf), num_kv_blocks=64, **config).engine
     plan, runner = engine.plan, engine.runner
     assert plan.backends == backends and engine.kv_dtype == cache
     assert (runner.native is not None) == (plan.native is not None)
     assert (runner.model is not None) == (plan.torch is not None)
-    for new, cached in [(1, 100), (1, 4000), (32, 4000), (33, 4000), (48, 464), (48, 465), (512, 0), (512, 2048)]:
+    for new, cached in [(1, 100), (1, 4000), (32, 4000), (33, 4000), (48, 464), (48, 465), (512, 0),
+                        (512, 2048)]:
         chosen = plan.for_decode(1, cached + 1) if new == 1 else plan.for_chunk(new, cached)
         route = runner.route([SeqInput([0] * new, cached, [])])
         assert (route.native == [0]) == chosen.startswith("native"), (new, cached, chosen)

@@ -1,7 +1,8 @@
-"""Measuring the plan on a machine that is not quiet: every shape is tried on every backend in turn, a round apart,
-so a burst of another process's load shorter than a round changes no time kept and no choice; a machine busy
-throughout is told apart from a quiet one. A one-backend plan times only the cheap classes and drops the trailing
-candidates, and on each recorded CPU still picks what timing every class would."""
+"""Measuring the plan on a machine that is not quiet: every shape is tried on every backend in turn,
+a round apart, so a burst of another process's load shorter than a round changes no time kept and no
+choice; a machine busy throughout is told apart from a quiet one. A one-backend plan times only the
+cheap classes and drops the trailing candidates, and on each recorded CPU still picks what timing
+every class would."""
 
 import json
 from pathlib import Path
@@ -10,11 +11,18 @@ import pytest
 
 from warmpath.config import ModelConfig
 from warmpath.engine import plan_timing
-from warmpath.engine.plan import CHUNK_SHAPES, DECODE_SHAPES, DETERMINISTIC, choose, plan_steps, step_gflop
+from warmpath.engine.plan import (
+    CHUNK_SHAPES,
+    DECODE_SHAPES,
+    DETERMINISTIC,
+    choose,
+    plan_steps,
+    step_gflop,
+)
 from warmpath.engine.threads import others_share
 
-STEPS = [("decode", "1x512", 1, 1, 512), ("decode", "16x512", 16, 1, 512), ("chunk", "8@0", 1, 8, 0),
-         ("chunk", "512@2048", 1, 512, 2048)]
+STEPS = [("decode", "1x512", 1, 1, 512), ("decode", "16x512", 16, 1, 512),
+         ("chunk", "8@0", 1, 8, 0), ("chunk", "512@2048", 1, 512, 2048)]
 COST_MS = {"native-int8": {"1x512": 4, "16x512": 30, "8@0": 9, "512@2048": 300},
            "native-fp32": {"1x512": 6, "16x512": 45, "8@0": 18, "512@2048": 900}}
 
@@ -28,8 +36,8 @@ class Clock:
 
 
 class FakeRunner:
-    """A backend whose steps take COST_MS, ten times that while another process bursts (between burst[0] and
-    burst[1] seconds of the clock)."""
+    """A backend whose steps take COST_MS, ten times that while another process bursts (between
+    burst[0] and burst[1] seconds of the clock)."""
 
     def __init__(self, backend: str, clock: Clock, burst: tuple[float, float]):
         self.backend, self.clock, self.burst = backend, clock, burst
@@ -48,7 +56,10 @@ def test_a_burst_shorter_than_a_round_changes_no_time_kept(burst_start_s, monkey
     monkeypatch.setattr(plan_timing, "machine_idle_s", lambda: None)
     one_round_s = sum(sum(c.values()) for c in COST_MS.values()) / 1000  # 1.312 s of steps a round
     clock = Clock()
-    runners = {b: FakeRunner(b, clock, (burst_start_s, burst_start_s + 0.6 * one_round_s)) for b in COST_MS}
+    runners = {
+        b: FakeRunner(b, clock, (burst_start_s, burst_start_s + 0.6 * one_round_s))
+        for b in COST_MS
+    }
     got = plan_timing.time_steps(runners, STEPS, progress=None, clock=clock, cpu_clock=lambda: 0.0)
     for backend, costs in COST_MS.items():
         kept = {**got[backend]["decode"], **got[backend]["chunk"]}
@@ -57,16 +68,17 @@ def test_a_burst_shorter_than_a_round_changes_no_time_kept(burst_start_s, monkey
 
 
 def test_without_rounds_a_burst_would_have_flipped_the_choice(monkeypatch):
-    """The same burst over one backend's column alone (the order before rounds) makes the slower backend look
-    faster: what the rounds are for."""
+    """The same burst over one backend's column alone (the order before rounds) makes the slower
+    backend look faster: what the rounds are for."""
     monkeypatch.setattr(plan_timing, "ROUNDS", 1)
     monkeypatch.setattr(plan_timing, "machine_idle_s", lambda: None)
     clock = Clock()
     burst = (0.0, 100.0)  # over everything this single round times first: native-int8's column
     runners = {"native-int8": FakeRunner("native-int8", clock, burst)}
     got = plan_timing.time_steps(runners, STEPS, progress=None, clock=clock, cpu_clock=lambda: 0.0)
-    got.update(plan_timing.time_steps({"native-fp32": FakeRunner("native-fp32", clock, (0, 0))}, STEPS,
-                                      progress=None, clock=clock, cpu_clock=lambda: 0.0))
+    got.update(
+        plan_timing.time_steps({"native-fp32": FakeRunner("native-fp32", clock, (0, 0))}, STEPS,
+                               progress=None, clock=clock, cpu_clock=lambda: 0.0))
     assert choose(got).native == "native-fp32"
 
 
@@ -108,19 +120,21 @@ def test_the_screen_times_the_cheap_classes_the_model_size_scales_and_a_full_pla
         assert len(full) == len(DECODE_SHAPES) + len(CHUNK_SHAPES)
         work = [step_gflop(cfg, k, r if k == "decode" else n, c) for k, _, r, n, c in full]
         assert work == sorted(work) and screen == full[:len(screen)]  # cheapest first
-        assert {"1x512", "8@0", "8@6144"} <= {key for _, key, *_ in screen}  # decode, chunk and a long context
+        # decode, chunk and a long context
+        assert {"1x512", "8@0", "8@6144"} <= {key for _, key, *_ in screen}
         assert "512@6144" not in {key for _, key, *_ in screen}
     sizes = [len(plan_steps(cfg, False)) for cfg in (SMOLLM2, QWEN_05, QWEN_15)]
-    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[2]  # a larger model: fewer classes
+    # a larger model: fewer classes
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[2]
 
 
 @pytest.mark.parametrize("cpu", sorted(RECORDED))
 @pytest.mark.parametrize("cfg", [SMOLLM2, QWEN_05, QWEN_15], ids=["smollm2", "qwen05", "qwen15"])
-def test_a_screened_measurement_chooses_what_timing_every_class_would_in_a_fraction_of_the_time(cpu, cfg,
-                                                                                                monkeypatch):
-    """On each recorded CPU (Sapphire Rapids with AMX, an AVX512-BF16 Intel, the AVX2 EPYC, a Zen 5), for each model's
-    screen: the deterministic candidates timed on the cheap classes with the trailing ones dropped pick the
-    backend that every class, every round, would."""
+def test_a_screened_measurement_chooses_what_timing_every_class_would_in_a_fraction_of_the_time(
+        cpu, cfg, monkeypatch):
+    """On each recorded CPU (Sapphire Rapids with AMX, an AVX512-BF16 Intel, the AVX2 EPYC, a Zen
+    5), for each model's screen: the deterministic candidates timed on the cheap classes with the
+    trailing ones dropped pick the backend that every class, every round, would."""
     monkeypatch.setattr(plan_timing, "machine_idle_s", lambda: None)
     recorded = {b: t for b, t in RECORDED[cpu].items() if b in DETERMINISTIC}
     clock, spent = Clock(), []
@@ -134,8 +148,8 @@ def test_a_screened_measurement_chooses_what_timing_every_class_would_in_a_fract
 
 
 def test_a_screened_plan_routes_every_step_to_its_one_backend(monkeypatch):
-    """The screen may stop after the cheapest decode classes (the other candidate trailing): the plan still
-    answers for a chunk of any size."""
+    """The screen may stop after the cheapest decode classes (the other candidate trailing): the
+    plan still answers for a chunk of any size."""
     monkeypatch.setattr(plan_timing, "machine_idle_s", lambda: None)
     clock, spent = Clock(), []
     recorded = {b: RECORDED["epyc_qwen05"][b] for b in ("native-int8", "native-fp32")}
@@ -146,5 +160,7 @@ def test_a_screened_plan_routes_every_step_to_its_one_backend(monkeypatch):
                                  cpu_clock=lambda: 0.0, eliminate=True)
     assert not got["native-int8"]["chunk"]  # stopped among the decode classes
     plan = choose(got)
-    assert plan.backends == ["native-int8"] and plan.for_chunk(500, 3000) == plan.for_decode(3, 100) == "native-int8"
+    assert plan.backends == [
+        "native-int8"
+    ] and plan.for_chunk(500, 3000) == plan.for_decode(3, 100) == "native-int8"
     assert "| chunk 512 @ 6144 | – | – | native-int8 |" in plan.table()

@@ -48,20 +48,23 @@ def test_top_k_and_top_p_restrict_support():
 def test_vanishing_temperature_is_greedy_not_nan():
     logits = logits_batch(3, scale=30)
     params = [SamplingParams(temperature=t, seed=1) for t in (1e-300, 1e-6, 5e-324)]
-    assert sample(logits, params, [make_generator(p, 0) for p in params]) == logits.argmax(-1).tolist()
+    assert sample(logits, params,
+                  [make_generator(p, 0) for p in params]) == logits.argmax(-1).tolist()
 
 
 def test_tiny_top_p_is_greedy():
     logits = logits_batch(5)
-    params = [SamplingParams(temperature=1.0, top_p=p, seed=i) for i, p in enumerate((1e-6, 5e-324, 1e-40, 1e-9, 1e-3))]
+    params = [
+        SamplingParams(temperature=1.0, top_p=p, seed=i)
+        for i, p in enumerate((1e-6, 5e-324, 1e-40, 1e-9, 1e-3))
+    ]
     gens = [make_generator(p, 0) for p in params]
     assert sample(logits, params, gens) == logits.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"max_tokens": 0}, {"temperature": -1}, {"temperature": float("nan")}, {"temperature": float("inf")},
-               {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}]
-)
+    "kwargs", [{"max_tokens": 0}, {"temperature": -1}, {"temperature": float("nan")},
+               {"temperature": float("inf")}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}])
 def test_bad_params_are_rejected(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)

@@ -1,6 +1,6 @@
-"""Speculative decoding: the proposers, the choice of how much to verify, and the engine's promise that outputs
-are the model's own (greedy and seeded outputs identical with it on and off), blocks exact, the prefix cache
-never holding a rejected guess's K/V."""
+"""Speculative decoding: the proposers, the choice of how much to verify, and the engine's promise
+that outputs are the model's own (greedy and seeded outputs identical with it on and off), blocks
+exact, the prefix cache never holding a rejected guess's K/V."""
 
 from pathlib import Path
 
@@ -11,9 +11,16 @@ from tiny_model import write_tiny_gguf
 
 from warmpath import LLM, EngineRequest, SamplingParams
 from warmpath.config import SchedulerConfig
-from warmpath.engine.proposers import NgramProposer, Speculation, StepTimes, SuffixProposer, choose_drafts
+from warmpath.engine.proposers import (
+    NgramProposer,
+    Speculation,
+    StepTimes,
+    SuffixProposer,
+    choose_drafts,
+)
 
-# Prompts that repeat themselves (what prompt lookup feeds on) and ones that do not (non-speculating requests).
+# Prompts that repeat themselves (what prompt lookup feeds on) and ones that do not (non-speculating
+# requests).
 REPEATING = [[5, 6, 7, 8, 9] * 6, [11, 12, 13, 14] * 5 + [15, 16], list(range(20, 40)) * 2]
 PLAIN = [[3, 90, 41, 77, 18, 60, 22], [101, 7, 55]]
 
@@ -58,15 +65,16 @@ def test_rows_are_verified_only_while_they_pay_for_themselves():
 
 
 def test_a_draft_guesses_only_when_its_guessing_costs_less_than_it_saves():
-    """A draft model's guesses are not free: each guessed position is one forward of the draft. Counted in the
-    choice, a draft that costs more than a decode step of the model itself guesses nothing (never slower than
-    off); a cheap one guesses as far as verifying pays."""
+    """A draft model's guesses are not free: each guessed position is one forward of the draft.
+    Counted in the choice, a draft that costs more than a decode step of the model itself guesses
+    nothing (never slower than off); a cheap one guesses as far as verifying pays."""
     flat = StepTimes()
     for n in range(1, 40):
         flat.record(n, 0.010)
     assert choose_drafts(1, [0.9], [4], flat, guess_seconds=0.020) == [0]
     assert choose_drafts(1, [0.9], [4], flat, guess_seconds=0.001) == [4]
-    assert 0 < choose_drafts(1, [0.6], [4], flat, guess_seconds=0.003)[0] < 4  # likelier first guesses only
+    # likelier first guesses only
+    assert 0 < choose_drafts(1, [0.6], [4], flat, guess_seconds=0.003)[0] < 4
 
 
 def _engine_llm(model: str, method: str, **kw) -> LLM:
@@ -123,9 +131,13 @@ def test_greedy_outputs_are_identical_with_speculation_on_and_off(tiny_gguf, met
 
 
 def test_seeded_sampling_is_identical_with_speculation_on_and_off(tiny_gguf):
-    """Each position is sampled from the model's distribution with the request's own generator, one draw per
-    token kept: a seeded request gives the same tokens, so the distribution is the same too."""
-    params = [SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=s, ignore_eos=True) for s in range(8)]
+    """Each position is sampled from the model's distribution with the request's own generator, one
+    draw per token kept: a seeded request gives the same tokens, so the distribution is the same
+    too."""
+    params = [
+        SamplingParams(max_tokens=30, temperature=0.8, top_p=0.95, seed=s, ignore_eos=True)
+        for s in range(8)
+    ]
     prompts = [REPEATING[s % len(REPEATING)] for s in range(8)]
     off = _run(_engine_llm(str(tiny_gguf), "none", dtype="float32"), prompts, params)
     llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32")
@@ -134,8 +146,8 @@ def test_seeded_sampling_is_identical_with_speculation_on_and_off(tiny_gguf):
 
 
 def test_the_prefix_cache_holds_only_verified_kv(tiny_gguf):
-    """Every block the prefix cache registered under a speculating engine holds the K/V the same tokens have
-    without speculation, bit for bit: no rejected guess's K/V is ever served."""
+    """Every block the prefix cache registered under a speculating engine holds the K/V the same
+    tokens have without speculation, bit for bit: no rejected guess's K/V is ever served."""
     kw = dict(dtype="float32", num_kv_blocks=256)
     ref, llm = _engine_llm(str(tiny_gguf), "none", **kw), _engine_llm(str(tiny_gguf), "ngram", **kw)
     for x in (ref, llm):
@@ -182,23 +194,24 @@ def test_the_counters_are_exported_by_method(tiny_gguf):
 
 @pytest.mark.parametrize("draft", ["same", "other"])
 def test_a_draft_model_guesses_and_outputs_stay_the_models_own(tiny_gguf, tmp_path, draft):
-    """`draft`: a second model with the same tokenizer guesses. Drafting with the model itself keeps (nearly)
-    every guess, which only holds if the draft's own KV cache follows each request exactly through kept and
-    rejected guesses; another model's guesses are kept only in part; outputs are the same as without
-    speculation in both, and the draft's pool gets every block back."""
+    """`draft`: a second model with the same tokenizer guesses. Drafting with the model itself keeps
+    (nearly) every guess, which only holds if the draft's own KV cache follows each request exactly
+    through kept and rejected guesses; another model's guesses are kept only in part; outputs are
+    the same as without speculation in both, and the draft's pool gets every block back."""
     model = tiny_gguf if draft == "same" else write_tiny_gguf(tmp_path / "other.gguf", seed=7)[0]
     kw = {"num_kv_blocks": 256, "dtype": "float32", "kernel": "torch"}
     prompts = REPEATING + PLAIN
     params = [GREEDY] * len(prompts)
     off = _run(_engine_llm(str(tiny_gguf), "none", **kw), prompts, params)
-    llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(model), speculative_draft_blocks=64,
-                      block_size=4, **kw)
+    llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(model),
+                      speculative_draft_blocks=64, block_size=4, **kw)
     assert _run(llm, prompts, params) == off
     proposed, accepted = _spec_totals(llm)
     if draft == "same":
         assert accepted >= 0.95 * proposed > 0, (proposed, accepted)
     else:
-        assert 0 < accepted < proposed, (proposed, accepted)  # some kept, some rejected (rolled past)
+        # some kept, some rejected (rolled past)
+        assert 0 < accepted < proposed, (proposed, accepted)
     proposer = llm.engine.speculator.proposer
     assert sorted(proposer.free) == list(range(64)) and not proposer.states
 
@@ -212,33 +225,41 @@ def test_a_draft_model_must_share_the_tokenizer(tiny_gguf, tmp_path):
 
 
 def test_no_guesses_while_a_prompt_waits_or_is_computed(tiny_gguf):
-    """A step that carries someone's prompt is their time to first token: it verifies no guesses (they would make
-    it longer); guessing resumes once every running request decodes and nothing waits."""
+    """A step that carries someone's prompt is their time to first token: it verifies no guesses
+    (they would make it longer); guessing resumes once every running request decodes and nothing
+    waits."""
     llm = _engine_llm(str(tiny_gguf), "ngram", dtype="float32", num_kv_blocks=256,
                       scheduler=SchedulerConfig(max_num_batched_tokens=16))
     engine, steps = llm.engine, []
 
     def watched(batch):
-        prompts = [c for c in batch.chunks if c.request.num_computed_tokens < len(c.request.prompt_token_ids)]
-        steps.append((sum(c.num_drafts for c in batch.chunks), len(prompts), engine.scheduler.num_waiting))
+        prompts = [
+            c for c in batch.chunks
+            if c.request.num_computed_tokens < len(c.request.prompt_token_ids)
+        ]
+        steps.append(
+            (sum(c.num_drafts for c in batch.chunks), len(prompts), engine.scheduler.num_waiting))
     engine.scheduler.add_listener(watched)
-    prompts = [REPEATING[0], REPEATING[1] * 3, REPEATING[2]]  # the long one takes several 16-token chunks
+    # the long one takes several 16-token chunks
+    prompts = [REPEATING[0], REPEATING[1] * 3, REPEATING[2]]
     _run(llm, prompts, [GREEDY] * len(prompts))
     assert any(drafts for drafts, _, _ in steps)
     assert all(prompts == 0 for drafts, prompts, _ in steps if drafts)
 
 
 def test_the_draft_computes_only_a_long_prompts_last_window(tiny_gguf, monkeypatch):
-    """The draft starts a request from its last WINDOW tokens, not its whole prompt (a long prompt would cost the
-    draft a prefill longer than the decode it shortens); outputs stay the model's own."""
+    """The draft starts a request from its last WINDOW tokens, not its whole prompt (a long prompt
+    would cost the draft a prefill longer than the decode it shortens); outputs stay the model's
+    own."""
     from warmpath.engine import draft
 
     monkeypatch.setattr(draft, "WINDOW", 16)
-    prompt, params = REPEATING[0] * 3, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # 90 tokens
+    # 90 tokens
+    prompt, params = REPEATING[0] * 3, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     kw = {"num_kv_blocks": 256, "dtype": "float32", "kernel": "torch", "block_size": 4}
     off = _run(_engine_llm(str(tiny_gguf), "none", **kw), [prompt], [params])
-    llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(tiny_gguf), speculative_draft_blocks=64,
-                      **kw)
+    llm = _engine_llm(str(tiny_gguf), "draft", speculative_draft_model=str(tiny_gguf),
+                      speculative_draft_blocks=64, **kw)
     engine, seen = llm.engine, []
     engine.add_request(EngineRequest("long", prompt, params))
     out = []
@@ -246,5 +267,7 @@ def test_the_draft_computes_only_a_long_prompts_last_window(tiny_gguf, monkeypat
         out += [o for o in engine.step() if o.finished]
         seen += [(st.start, len(st.blocks)) for st in engine.speculator.proposer.states.values()]
     assert [o.token_ids for o in out] == off
-    assert seen and all(start == len(prompt) + 1 - 16 for start, _ in seen)  # from its first decode on
-    assert max(blocks for _, blocks in seen) <= (16 + 40 + 4) // 4  # the whole prompt alone would need 23
+    # from its first decode on
+    assert seen and all(start == len(prompt) + 1 - 16 for start, _ in seen)
+    # the whole prompt alone would need 23
+    assert max(blocks for _, blocks in seen) <= (16 + 40 + 4) // 4

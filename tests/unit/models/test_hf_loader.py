@@ -1,4 +1,5 @@
-"""Our Llama/Qwen2 decoder over the paged cache matches transformers on the same HF checkpoint (fp32)."""
+"""Our Llama/Qwen2 decoder over the paged cache matches transformers on the same HF checkpoint
+(fp32)."""
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ def all_position_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     blocks = llm.engine.pool.allocate(-(-len(ids) // bs))
     try:
         x = llm.engine.runner.prepare([SeqInput(ids, 0, blocks)])
-        return llm.engine.model(x.input_ids, x.positions, x.meta, llm.engine.runner.kv_cache, torch.arange(len(ids)))
+        return llm.engine.model(x.input_ids, x.positions, x.meta, llm.engine.runner.kv_cache,
+                                torch.arange(len(ids)))
     finally:
         llm.engine.pool.free(blocks)
 
@@ -39,6 +41,7 @@ def test_config_and_tokenizer_from_hf_dir(tiny_qwen2_dir):
     assert cfg.attention_bias and cfg.tie_word_embeddings
     tok = llm.get_tokenizer()
     assert tok.eos_token_id == tok.token_to_id("<|im_end|>")
-    assert tok.encode("x = 123") == tok.encode("x = 1") + tok.encode("2") + tok.encode("3")  # digits one by one
+    # digits one by one
+    assert tok.encode("x = 123") == tok.encode("x = 1") + tok.encode("2") + tok.encode("3")
     assert tok.encode("<|im_start|>") == [tok.token_to_id("<|im_start|>")]
     assert tok.chat_template and "im_start" in tok.chat_template

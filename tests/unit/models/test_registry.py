@@ -24,10 +24,12 @@ def test_truncated_bundled_model_is_not_used(tmp_path, monkeypatch):
 
 
 def test_a_bundled_model_is_named_by_its_ollama_tag_too(tmp_path, monkeypatch):
-    """Zed and Ollama clients tell a model's FIM format by the name before the colon: `qwen2.5-coder:0.5b` names
-    the bundled 0.5B wherever its registry name does (the fetch, the model spec, the file's path)."""
+    """Zed and Ollama clients tell a model's FIM format by the name before the colon:
+    `qwen2.5-coder:0.5b` names the bundled 0.5B wherever its registry name does (the fetch, the
+    model spec, the file's path)."""
     monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
-    assert bundled("qwen2.5-coder:0.5b") is bundled("qwen2.5-coder-0.5b") is BUNDLED["qwen2.5-coder-0.5b"]
+    assert bundled("qwen2.5-coder:0.5b") is bundled(
+        "qwen2.5-coder-0.5b") is BUNDLED["qwen2.5-coder-0.5b"]
     assert bundled("/somewhere/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf").tag == "qwen2.5-coder:1.5b"
     assert bundled("qwen2.5-coder:7b") is None and bundled("smollm2:135m").name == "smollm2"
     with pytest.raises(ModelNotFoundError, match="warmpath fetch-model qwen2.5-coder-0.5b"):
@@ -43,11 +45,12 @@ def test_paths_resolve(tiny_llama_dir, tmp_path):
 
 
 def test_cli_reports_a_failed_first_fetch_cleanly(tmp_path):
-    """`warmpath serve` without --model fetches the default model on first use; when that fails (no index here:
-    nothing is downloaded) it says so, and which command retries it, without a traceback."""
+    """`warmpath serve` without --model fetches the default model on first use; when that fails (no
+    index here: nothing is downloaded) it says so, and which command retries it, without a
+    traceback."""
     env = {"WARMPATH_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PIP_NO_INDEX": "1"}
-    r = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve"], capture_output=True,
+                       text=True, env=env, timeout=120)
     assert r.returncode == 2
     assert "warmpath fetch-model qwen2.5-coder-0.5b" in r.stderr and "Traceback" not in r.stderr
 
@@ -60,8 +63,12 @@ def test_cli_flags_map_one_to_one_to_engine_config():
 
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
-    cfg = engine_config(parser.parse_args(["--no-enable-prefix-caching", "--max-num-batched-tokens", "64",
-                                           "--dtype", "float32", "--num-kv-blocks", "10", "--no-warm-late-prompts"]))
-    assert cfg == EngineConfig(enable_prefix_caching=False, dtype="float32", num_kv_blocks=10,
-                               scheduler=SchedulerConfig(max_num_batched_tokens=64, warm_late_prompts=False))
+    cfg = engine_config(
+        parser.parse_args([
+            "--no-enable-prefix-caching", "--max-num-batched-tokens", "64", "--dtype", "float32",
+            "--num-kv-blocks", "10", "--no-warm-late-prompts"
+        ]))
+    assert cfg == EngineConfig(
+        enable_prefix_caching=False, dtype="float32", num_kv_blocks=10,
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, warm_late_prompts=False))
     assert engine_config(parser.parse_args([])) == EngineConfig()

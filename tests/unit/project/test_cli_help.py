@@ -1,5 +1,5 @@
-"""Every subcommand's --help renders: a stray % in a help string (argparse formats them) made `warmpath simulate
---help` crash with a traceback."""
+"""Every subcommand's --help renders: a stray % in a help string (argparse formats them) made
+`warmpath simulate --help` crash with a traceback."""
 
 import subprocess
 import sys
@@ -26,9 +26,9 @@ def test_every_flag_of_every_subcommand_says_what_it_does():
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(COMMANDS) <= set(sub.choices)
-    bare = [(name, a.option_strings or a.dest) for name, sp in sub.choices.items() for a in sp._actions
-            if not isinstance(a, argparse._HelpAction)
-            and not re.sub(r"\(default: [^)]*\)|\(repeatable\)", "", a.help or "").strip()]
+    bare = [(name, a.option_strings or a.dest) for name, sp in sub.choices.items()
+            for a in sp._actions if not isinstance(a, argparse._HelpAction) and
+            not re.sub(r"\(default: [^)]*\)|\(repeatable\)", "", a.help or "").strip()]
     assert bare == []
 
 
@@ -38,10 +38,13 @@ def test_serve_and_route_flags_read_their_help_from_the_config_fields_comments()
     for cls in (EngineConfig, ServerConfig, RouterConfig):
         docs = field_docs(cls)
         assert all(docs.values()), [k for k, v in docs.items() if not v]
-    assert field_docs(ServerConfig)["header_timeout"].startswith("seconds to send a request's headers")  # inherited
-    assert field_docs(EngineConfig)["memory_budget"].startswith("One budget for resident weights")  # lines above
-    assert field_docs(RouterConfig)["first_byte_timeout"].startswith("seconds from sending")  # its own line's
-    done = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve", "--help"], capture_output=True, text=True,
-                          timeout=120)
+    assert field_docs(ServerConfig)["header_timeout"].startswith(
+        "seconds to send a request's headers")  # inherited
+    # lines above
+    assert field_docs(EngineConfig)["memory_budget"].startswith("One budget for resident weights")
+    # its own line's
+    assert field_docs(RouterConfig)["first_byte_timeout"].startswith("seconds from sending")
+    done = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve", "--help"],
+                          capture_output=True, text=True, timeout=120)
     text = " ".join(done.stdout.split())  # argparse wraps lines at the terminal's width
     assert "tokens per KV block" in text and "Where a fill-in-the-middle answer ends" in text

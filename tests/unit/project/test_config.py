@@ -1,5 +1,6 @@
-"""config.py: the scheduler's knobs nested in EngineConfig (one flag each, as before), the fields server and router
-share declared once, the few-word settings refused when a config is built, and the product's defaults."""
+"""config.py: the scheduler's knobs nested in EngineConfig (one flag each, as before), the fields
+server and router share declared once, the few-word settings refused when a config is built, and the
+product's defaults."""
 
 import argparse
 import dataclasses
@@ -15,10 +16,13 @@ from warmpath.config import EngineConfig, RouterConfig, SchedulerConfig, ServerC
 def test_the_scheduler_knobs_are_one_nested_config_with_their_flags_kept():
     names = [{f.name for f in dataclasses.fields(cls)} for cls in (SchedulerConfig, EngineConfig)]
     assert not names[0] & names[1]  # declared once, in SchedulerConfig
-    args = build_parser().parse_args(["serve", "--max-num-batched-tokens", "64", "--max-num-seqs", "8",
-                                      "--step-target-ms", "0", "--no-warm-late-prompts", "--warm-up-tokens", "9"])
+    args = build_parser().parse_args([
+        "serve", "--max-num-batched-tokens", "64", "--max-num-seqs", "8", "--step-target-ms", "0",
+        "--no-warm-late-prompts", "--warm-up-tokens", "9"
+    ])
     cfg = engine_config(args)
-    assert cfg.scheduler == SchedulerConfig(64, 8, 0.0, False, SchedulerConfig.warm_up_tokens_per_tenant, 9)
+    assert cfg.scheduler == SchedulerConfig(64, 8, 0.0, False,
+                                            SchedulerConfig.warm_up_tokens_per_tenant, 9)
     assert engine_config(build_parser().parse_args(["serve"])).scheduler == SchedulerConfig()
 
 
@@ -34,21 +38,29 @@ def test_server_and_router_declare_none_of_their_shared_fields_again():
             "completion_scope", "header_timeout"} <= shared
     for cls in (ServerConfig, RouterConfig):
         own = set(cls.__annotations__)
-        assert own & shared <= {"port"}, cls  # the router's own default port, 8080, beside a node's 8000
+        # the router's own default port, 8080, beside a node's 8000
+        assert own & shared <= {"port"}, cls
     assert (ServerConfig().port, RouterConfig().port) == (8000, 8080)
     route = build_parser().parse_args(["route", "--node", "http://a:1", "--api-key", "k"])
     assert from_args(RouterConfig, route) == RouterConfig(node=["http://a:1"], api_key="k")
 
 
-@pytest.mark.parametrize(("cls", "field", "bad"), [
-    (EngineConfig, "device", "tpu"), (EngineConfig, "dtype", "int4"), (EngineConfig, "kv_cache_dtype", "int4"),
-    (EngineConfig, "gemv_dtype", "int8"), (EngineConfig, "kernel", "fast"), (EngineConfig, "kernel_activations", "x"),
-    (EngineConfig, "speculative_method", "eagle"), (ServerConfig, "cache_isolation", "tenant"),
-    (ServerConfig, "fim_layout", "suffix-first"), (ServerConfig, "completion_scope", "word"),
-    (RouterConfig, "completion_scope", "word"), (RouterConfig, "policy", "random")])
+@pytest.mark.parametrize(("cls", "field", "bad"), [(EngineConfig, "device", "tpu"),
+                                                   (EngineConfig, "dtype", "int4"),
+                                                   (EngineConfig, "kv_cache_dtype", "int4"),
+                                                   (EngineConfig, "gemv_dtype", "int8"),
+                                                   (EngineConfig, "kernel", "fast"),
+                                                   (EngineConfig, "kernel_activations", "x"),
+                                                   (EngineConfig, "speculative_method", "eagle"),
+                                                   (ServerConfig, "cache_isolation", "tenant"),
+                                                   (ServerConfig, "fim_layout", "suffix-first"),
+                                                   (ServerConfig, "completion_scope", "word"),
+                                                   (RouterConfig, "completion_scope", "word"),
+                                                   (RouterConfig, "policy", "random")])
 def test_a_few_word_setting_is_refused_when_the_config_is_built(cls, field, bad):
     allowed = typing.get_args(typing.get_type_hints(cls)[field])
-    with pytest.raises(ValueError, match=f"^{field} must be one of {', '.join(allowed)}; got '{bad}'$"):
+    with pytest.raises(ValueError,
+                       match=f"^{field} must be one of {', '.join(allowed)}; got '{bad}'$"):
         cls(**{field: bad})
     for good in allowed:
         assert getattr(cls(**{field: good}), field) == good

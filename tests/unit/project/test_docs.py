@@ -1,5 +1,6 @@
-"""The user documentation stays short, true to the repository and self-contained: README.md and docs/*.md name only
-files that exist, link only to files and headings that exist, and cite no path outside the repository."""
+"""The user documentation stays short, true to the repository and self-contained: README.md and
+docs/*.md name only files that exist, link only to files and headings that exist, and cite no path
+outside the repository."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # A repository path in backticks: relative, made of path characters, a source file or a folder.
 REPO_PATH = re.compile(r"`([A-Za-z0-9_][A-Za-z0-9_./-]*/(?:[A-Za-z0-9_.-]+\.(?:py|c|h))?)`")
-# Any file of the repository named in backticks (a script, a data file, a result), or a benchmark script anywhere.
-REPO_FILE = re.compile(r"`([A-Za-z0-9_][A-Za-z0-9_./-]*/[A-Za-z0-9_.-]+\.(?:py|c|h|sh|json|md|png|toml))`")
+# Any file of the repository named in backticks (a script, a data file, a result), or a benchmark
+# script anywhere.
+REPO_FILE = re.compile(
+    r"`([A-Za-z0-9_][A-Za-z0-9_./-]*/[A-Za-z0-9_.-]+\.(?:py|c|h|sh|json|md|png|toml))`")
 SCRIPT = re.compile(r"(?<![\w/])benchmarks/[A-Za-z0-9_/.-]+\.(?:py|sh)")
 RESULT = re.compile(r"benchmarks/results/[A-Za-z0-9_.-]+\.(?:json|png|md)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -28,7 +31,8 @@ def doc_id(path: Path) -> str:
 
 
 def test_readme_is_short():
-    assert README.stat().st_size <= 25 * 1024, "README.md: move reference detail to docs/, measurements to benchmarks"
+    assert README.stat(
+    ).st_size <= 25 * 1024, "README.md: move reference detail to docs/, measurements to benchmarks"
 
 
 def test_architecture_is_short():
@@ -62,7 +66,8 @@ def test_no_path_outside_the_repository(doc: Path):
 
 
 def github_anchors(text: str) -> set[str]:
-    """The heading anchors GitHub makes: lower case, punctuation dropped, spaces as hyphens, repeats numbered."""
+    """The heading anchors GitHub makes: lower case, punctuation dropped, spaces as hyphens, repeats
+    numbered."""
     anchors: set[str] = set()
     for heading in re.findall(r"^#{1,6} (.+)$", FENCE.sub("", text), re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -90,7 +95,9 @@ def test_relative_links_resolve(doc: Path):
 
 
 def test_readme_keeps_the_tabby_snippet_the_integration_test_reads():
-    # tests/integration/test_tabby_agent.py configures the real tabby-agent with this block, its endpoint replaced.
-    m = re.search(r"```toml\n(# ~/\.tabby-client/agent/config\.toml.*?)```", README.read_text(), re.S)
+    # tests/integration/test_tabby_agent.py configures the real tabby-agent with this block, its
+    # endpoint replaced.
+    m = re.search(r"```toml\n(# ~/\.tabby-client/agent/config\.toml.*?)```", README.read_text(),
+                  re.S)
     assert m, "README: the Tabby config.toml snippet"
     assert len(re.findall(r'(?m)^endpoint = "[^"]*"', m.group(1))) == 1

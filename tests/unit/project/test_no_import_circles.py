@@ -1,6 +1,7 @@
-"""No circles: no Python module of warmpath imports itself through others (imports under TYPE_CHECKING count:
-they tie the modules together for a reader as much as any), and the native kernel's headers each include what
-they use, the packed layout (layout.h) first, none reaching back to one that includes it."""
+"""No circles: no Python module of warmpath imports itself through others (imports under
+TYPE_CHECKING count: they tie the modules together for a reader as much as any), and the native
+kernel's headers each include what they use, the packed layout (layout.h) first, none reaching back
+to one that includes it."""
 
 import re
 from pathlib import Path
@@ -9,7 +10,10 @@ CPU = Path(__file__).resolve().parents[3] / "warmpath" / "kernels" / "cpu"
 
 
 def includes() -> dict[str, list[str]]:
-    return {f.name: re.findall(r'^#include "([^"]+)"', f.read_text(), re.M) for f in sorted(CPU.glob("*.[ch]"))}
+    return {
+        f.name: re.findall(r'^#include "([^"]+)"', f.read_text(), re.M)
+        for f in sorted(CPU.glob("*.[ch]"))
+    }
 
 
 def test_no_header_includes_itself_through_others():

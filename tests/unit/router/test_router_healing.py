@@ -1,5 +1,6 @@
-"""The router's token healing for engines that have none: what the prompt leaves out of the cursor's line, the
-engine's constraint to write it again first, and the answer's check that it did (router/healing.py)."""
+"""The router's token healing for engines that have none: what the prompt leaves out of the cursor's
+line, the engine's constraint to write it again first, and the answer's check that it did
+(router/healing.py)."""
 
 import json
 import re
@@ -55,10 +56,14 @@ def test_the_scope_cuts_what_follows_the_text_written_again():
 @pytest.mark.parametrize("kind, field", [("llamacpp", "grammar"), ("vllm", "structured_outputs"),
                                          ("sglang", "regex")])
 def test_the_engine_is_told_to_begin_with_the_text_given_back(kind, field):
-    """The FIM prompt a node gets ends before the given-back text (anchored layout), and the body constrains the
-    answer to begin with it, in the engine's own terms; an engine that cannot be constrained is not healed."""
+    """The FIM prompt a node gets ends before the given-back text (anchored layout), and the body
+    constrains the answer to begin with it, in the engine's own terms; an engine that cannot be
+    constrained is not healed."""
     node = Node("http://n:1", kind=kind, models=["qwen2.5-coder-0.5b"])
-    body = {"prompt": "def f(items):\n    total = sum(it", "suffix": ")\n    return total\n", "max_tokens": 8}
+    body = {
+        "prompt": "def f(items):\n    total = sum(it", "suffix": ")\n    return total\n",
+        "max_tokens": 8
+    }
     sent = json.loads(request_body(node, body, None, own_model=False, give_back="it"))
     assert sent["prompt"].endswith("<|fim_middle|>    total = sum(") and field in sent
     rule = sent[field]["regex"] if field == "structured_outputs" else sent[field]
@@ -70,10 +75,11 @@ def test_the_engine_is_told_to_begin_with_the_text_given_back(kind, field):
 def test_a_client_that_constrains_the_answer_itself_is_not_healed():
     prefix, suffix = "x = self.fo", "\n"
     assert given_back(prefix) == "fo"
-    chain = body_cutter({"prompt": prefix, "suffix": suffix}, "qwen2.5-coder-0.5b", "auto", heal=True)
+    chain = body_cutter({"prompt": prefix, "suffix": suffix}, "qwen2.5-coder-0.5b", "auto",
+                        heal=True)
     assert respelled(chain) == "fo"
-    own = body_cutter({"prompt": prefix, "suffix": suffix, "grammar": "root ::= [a-z]+"}, "qwen2.5-coder-0.5b",
-                      "auto", heal=True)
+    own = body_cutter({"prompt": prefix, "suffix": suffix, "grammar": "root ::= [a-z]+"},
+                      "qwen2.5-coder-0.5b", "auto", heal=True)
     assert respelled(own) == ""
 
 

@@ -1,6 +1,6 @@
-"""Router policies without a network: consistent hashing moves only a removed node's keys, bounded loads
-cap every node at c x the average under a skewed session mix, prefix matching, hybrid, tiering rule, the
-response cache."""
+"""Router policies without a network: consistent hashing moves only a removed node's keys, bounded
+loads cap every node at c x the average under a skewed session mix, prefix matching, hybrid, tiering
+rule, the response cache."""
 
 import math
 import random
@@ -25,7 +25,8 @@ def test_removing_one_of_n_nodes_moves_about_one_nth_of_the_keys_and_no_others()
     assert all(before[k] == gone for k in moved)  # only the removed node's keys move ...
     assert all(after[k] != gone for k in keys)
     assert sum(before[k] == gone for k in keys) == len(moved)  # ... and every one of them does
-    assert 0.6 / len(NODES) < len(moved) / len(keys) < 1.4 / len(NODES)  # ~1/n with 100 virtual nodes
+    # ~1/n with 100 virtual nodes
+    assert 0.6 / len(NODES) < len(moved) / len(keys) < 1.4 / len(NODES)
     # spread over the survivors, not dumped on one neighbour
     assert len({after[k] for k in moved}) == len(NODES) - 1
     # the node comes back: its keys return, nothing else changes
@@ -41,8 +42,9 @@ def test_virtual_nodes_balance_the_keys():
 
 
 def _simulate(c: float, steps: int = 20_000, seed: int = 0) -> tuple[int, int, float]:
-    """A skewed session mix (Zipf: a few sessions send most requests), each request held for a random time.
-    Returns (placements over the bound, max load seen, share of requests kept on their home node)."""
+    """A skewed session mix (Zipf: a few sessions send most requests), each request held for a
+    random time. Returns (placements over the bound, max load seen, share of requests kept on their
+    home node)."""
     rng = random.Random(seed)
     ring = HashRing(NODES[:4], virtual_nodes=100)
     sessions = [f"dev-{i}" for i in range(40)]
@@ -71,7 +73,8 @@ def test_bounded_loads_keep_every_node_within_c_times_the_average():
     violations, _, kept = _simulate(1.25)
     assert violations == 0
     assert kept > 0.5  # affinity still holds for most requests
-    # The same mix on plain consistent hashing overloads the hot sessions' node: the bound is what prevents it.
+    # The same mix on plain consistent hashing overloads the hot sessions' node: the bound is what
+    # prevents it.
     plain_violations, plain_worst, plain_kept = _simulate(math.inf)
     assert plain_violations > 100 and plain_kept == 1.0
 
@@ -81,7 +84,9 @@ def test_session_policy_is_sticky_and_counts_broken_affinity():
     loads = {n: 0 for n in NODES[:3]}
     first = router.choose(RouteKey("alice", "x"), NODES[:3], loads)
     assert first.decision == "affinity_kept"
-    assert all(router.choose(RouteKey("alice", "y"), NODES[:3], loads).nodes[0] == first.nodes[0] for _ in range(5))
+    assert all(
+        router.choose(RouteKey("alice", "y"), NODES[:3], loads).nodes[0] == first.nodes[0]
+        for _ in range(5))
     loads[first.nodes[0]] = 10  # alice's home is far over the average
     moved = router.choose(RouteKey("alice", "x"), NODES[:3], loads)
     assert moved.decision == "affinity_broken_load" and moved.nodes[0] != first.nodes[0]
@@ -103,7 +108,8 @@ def test_prefix_policy_follows_the_longest_match_unless_overloaded():
     loads[a.nodes[0]] = 9
     busy = router.choose(RouteKey(None, file_a), NODES[:3], loads)
     assert busy.decision == "prefix_broken_load" and busy.nodes[0] != a.nodes[0]
-    router.forget(a.nodes[0])  # a restart empties the node's cache: only the node that took it last matches
+    # a restart empties the node's cache: only the node that took it last matches
+    router.forget(a.nodes[0])
     loads[a.nodes[0]] = 1
     assert router.choose(RouteKey(None, file_a), NODES[:3], loads).nodes[0] == busy.nodes[0]
 
@@ -138,16 +144,21 @@ def test_round_robin_and_least_load():
     assert router.choose(RouteKey("s", "p"), [], {}).nodes == []
 
 
-@pytest.mark.parametrize("path,body,header,kind", [
-    ("/v1/completions", {"prompt": "x = f(", "suffix": ")\nprint(x)", "max_tokens": 16}, None, LINE),
-    ("/v1/completions", {"prompt": "x = ", "suffix": "\n\ndef g():", "max_tokens": 16}, None, LINE),
-    ("/v1/completions", {"prompt": "x = ", "max_tokens": 16}, None, LINE),
-    ("/v1/completions", {"prompt": "x = ", "suffix": "foo(y)\n", "max_tokens": 16}, None, MULTI),  # mid-line
-    ("/v1/completions", {"prompt": "def f():\n", "max_tokens": 256}, None, MULTI),
-    ("/v1/completions", {"prompt": "def f():\n", "max_tokens": 256}, "line", LINE),
-    ("/v1/completions", {"prompt": "x = "}, "block", MULTI),
-    ("/v1/chat/completions", {"messages": [], "max_tokens": 8}, None, MULTI),
-])
+@pytest.mark.parametrize(
+    "path,body,header,kind",
+    [
+        ("/v1/completions", {"prompt": "x = f(", "suffix": ")\nprint(x)", "max_tokens": 16
+                             }, None, LINE),
+        ("/v1/completions", {"prompt": "x = ", "suffix": "\n\ndef g():", "max_tokens": 16
+                             }, None, LINE),
+        ("/v1/completions", {"prompt": "x = ", "max_tokens": 16}, None, LINE),
+        ("/v1/completions", {"prompt": "x = ", "suffix": "foo(y)\n", "max_tokens": 16
+                             }, None, MULTI),  # mid-line
+        ("/v1/completions", {"prompt": "def f():\n", "max_tokens": 256}, None, MULTI),
+        ("/v1/completions", {"prompt": "def f():\n", "max_tokens": 256}, "line", LINE),
+        ("/v1/completions", {"prompt": "x = "}, "block", MULTI),
+        ("/v1/chat/completions", {"messages": [], "max_tokens": 8}, None, MULTI),
+    ])
 def test_tiering_rule(path, body, header, kind):
     assert completion_kind(path, body, header, line_max_tokens=32) == kind
 
@@ -175,7 +186,8 @@ def test_response_cache_is_exact_bounded_and_deterministic_only(monkeypatch):
 def test_only_complete_answers_are_cacheable():
     ok = b'{"choices": [{"text": "x", "finish_reason": "length"}]}'
     assert complete_answer(ok, streamed=False)
-    assert not complete_answer(b'{"choices": [{"text": "", "finish_reason": "deadline"}]}', streamed=False)
+    assert not complete_answer(b'{"choices": [{"text": "", "finish_reason": "deadline"}]}',
+                               streamed=False)
     sse = b'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\ndata: {"choices": [{"text": "", ' \
           b'"finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
     assert complete_answer(sse, streamed=True)

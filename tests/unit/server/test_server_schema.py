@@ -1,6 +1,7 @@
-"""schemathesis drives the server, and the router in front of it, through their OpenAPI schemas with valid and
-with invalid (negative) data: no input it generates gets a 5xx. The router's proxied routes take the server's
-request bodies, so they are driven with the server's schema; its own routes with its own."""
+"""schemathesis drives the server, and the router in front of it, through their OpenAPI schemas with
+valid and with invalid (negative) data: no input it generates gets a 5xx. The router's proxied
+routes take the server's request bodies, so they are driven with the server's schema; its own routes
+with its own."""
 
 import contextlib
 
@@ -23,13 +24,14 @@ def served(tiny_llama_dir):
     cfg = EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_kv_blocks=256)
     with contextlib.ExitStack() as stack:
         url, app = stack.enter_context(running_server(cfg))
-        rurl, _ = stack.enter_context(running_app(create_router_app(RouterConfig(node=[url], health_interval=0.2))))
+        rurl, _ = stack.enter_context(
+            running_app(create_router_app(RouterConfig(node=[url], health_interval=0.2))))
         yield url, app, rurl
 
 
 def drive(schema_url: str, base_url: str, paths=None, max_examples: int = 30) -> list[int]:
-    """Every operation of the schema at `schema_url` (those under `paths`, if given), positive and negative,
-    called on `base_url`; the statuses it got. Fails on any 5xx."""
+    """Every operation of the schema at `schema_url` (those under `paths`, if given), positive and
+    negative, called on `base_url`; the statuses it got. Fails on any 5xx."""
     schema = schemathesis.openapi.from_dict(httpx.get(schema_url).json())
     checked = []
     for op in schema.get_all_operations():
@@ -65,4 +67,6 @@ def test_no_input_gets_a_5xx_through_the_router(served):
     url, app, rurl = served
     proxied = drive(f"{url}/openapi.json", rurl, paths={"/v1/completions", "/v1/chat/completions"})
     own = drive(f"{rurl}/openapi.json", rurl, max_examples=15)
-    assert len(proxied) > 40 and {200, 400} <= set(proxied) and len(own) > 10 and app.state.async_engine.alive
+    assert len(proxied) > 40 and {
+        200, 400
+    } <= set(proxied) and len(own) > 10 and app.state.async_engine.alive

@@ -1,7 +1,8 @@
-"""The simulator drives the engine's own Scheduler and BlockPool (and the router's policies): a change of
-eviction order in the engine changes its result; on the same agent trace the real engine (tiny model) and the
-simulator give every common turn the same prefix hit; the cost fit; fleets; the CLI; fleet mode (router
-replicas on the router's own load function, node loss, the fewest-nodes search)."""
+"""The simulator drives the engine's own Scheduler and BlockPool (and the router's policies): a
+change of eviction order in the engine changes its result; on the same agent trace the real engine
+(tiny model) and the simulator give every common turn the same prefix hit; the cost fit; fleets; the
+CLI; fleet mode (router replicas on the router's own load function, node loss, the fewest-nodes
+search)."""
 
 import json
 
@@ -25,7 +26,8 @@ from warmpath.sim.fleet_command import simulate_fleet
 from warmpath.sim.profiles import get_profile
 from warmpath.workloads import AgentParams, agent_trace, make_trace
 
-COST = CostModel(base=0.03, per_token=0.002, prefill_attention=2e-8, per_seq=5e-4, kv_read=1e-6, per_chunk=0.04)
+COST = CostModel(base=0.03, per_token=0.002, prefill_attention=2e-8, per_seq=5e-4, kv_read=1e-6,
+                 per_chunk=0.04)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,8 @@ def editor():
 
 
 def run(trace, blocks, nodes=1, policy="hybrid"):
-    return simulate(trace, get_profile("h100-llama3-8b"), chunk_tokenizer, "bfloat16", blocks, 512, nodes, policy)
+    return simulate(trace, get_profile("h100-llama3-8b"), chunk_tokenizer, "bfloat16", blocks, 512,
+                    nodes, policy)
 
 
 def test_the_simulator_runs_the_engines_own_scheduler_and_block_pool(editor):
@@ -47,8 +50,9 @@ def test_the_simulator_runs_the_engines_own_scheduler_and_block_pool(editor):
 
 
 def test_a_change_of_eviction_order_in_the_engine_changes_the_simulation(editor, monkeypatch):
-    """A tight pool evicts; the engine frees blocks to the back of its LRU queue. Put them at the front
-    (most recently used evicted first) in the *engine's* BlockPool and the simulated hit rate moves."""
+    """A tight pool evicts; the engine frees blocks to the back of its LRU queue. Put them at the
+    front (most recently used evicted first) in the *engine's* BlockPool and the simulated hit rate
+    moves."""
     lru, _ = run(editor, 160)
     assert lru["evictions"] > 0
 
@@ -61,7 +65,8 @@ def test_a_change_of_eviction_order_in_the_engine_changes_the_simulation(editor,
     monkeypatch.setattr(kv_cache.BlockPool, "free", free_to_the_front)
     mru, _ = run(editor, 160)
     assert mru["prefix_hit_rate"] != lru["prefix_hit_rate"]
-    assert mru["prefix_hit_rate"] < lru["prefix_hit_rate"]  # a developer's own warm prefix goes first
+    # a developer's own warm prefix goes first
+    assert mru["prefix_hit_rate"] < lru["prefix_hit_rate"]
 
 
 def test_a_smaller_pool_preempts_sooner_and_holds_fewer_sessions(editor):
@@ -77,12 +82,14 @@ def test_fleets_use_the_routers_policies(editor):
     affine, driver = run(editor, 250, nodes=3, policy="session")
     spread, _ = run(editor, 250, nodes=3, policy="round-robin")
     assert type(driver.router).__module__ == "warmpath.router.policies"
-    assert 1 - affine["prefix_hit_rate"] < (1 - spread["prefix_hit_rate"]) / 2  # misses are what cost
+    # misses are what cost
+    assert 1 - affine["prefix_hit_rate"] < (1 - spread["prefix_hit_rate"]) / 2
     assert {r.node for r in driver.records.values()} == {0, 1, 2}
     by_session = {}
     for r in driver.records.values():
         by_session.setdefault(r.session, set()).add(r.node)
-    assert sum(len(v) == 1 for v in by_session.values()) >= 4  # sessions stay put (bounded loads aside)
+    # sessions stay put (bounded loads aside)
+    assert sum(len(v) == 1 for v in by_session.values()) >= 4
 
 
 def test_the_cost_fit_recovers_known_coefficients():
@@ -101,11 +108,13 @@ def test_memory_budget_sets_the_pool():
 
 
 def test_real_engine_and_simulator_give_every_common_turn_the_same_prefix_hit(tiny_long_dir):
-    """Agent turns (closed loop, nothing cancelled) on an ample pool: whatever the step times, the prefix hit
-    of each turn depends only on the scheduler and the block pool, which are the same code in both."""
-    params = AgentParams(start_tokens=300, max_context_tokens=900, tool_tokens=(40, 120), think_s=(0.05, 0.2),
-                         task_gap_s=2.0, max_tokens=8)
-    trace = agent_trace(3, 6.0, seed=1, rate=1.0, params=params, count_tokens=lambda s: len(s.encode()) // 4)
+    """Agent turns (closed loop, nothing cancelled) on an ample pool: whatever the step times, the
+    prefix hit of each turn depends only on the scheduler and the block pool, which are the same
+    code in both."""
+    params = AgentParams(start_tokens=300, max_context_tokens=900, tool_tokens=(40, 120),
+                         think_s=(0.05, 0.2), task_gap_s=2.0, max_tokens=8)
+    trace = agent_trace(3, 6.0, seed=1, rate=1.0, params=params,
+                        count_tokens=lambda s: len(s.encode()) // 4)
     engine = Engine(EngineConfig(model=str(tiny_long_dir), dtype="float32", num_kv_blocks=1024,
                                  scheduler=SchedulerConfig(max_num_batched_tokens=128)))
     vocab = engine.model_config.vocab_size
@@ -119,7 +128,8 @@ def test_real_engine_and_simulator_give_every_common_turn_the_same_prefix_hit(ti
     sim.run()
 
     def hits(d):
-        return {(r.session, r.turn_index): r.cached_tokens for r in d.records.values() if r.cached_tokens is not None}
+        return {(r.session, r.turn_index): r.cached_tokens
+                for r in d.records.values() if r.cached_tokens is not None}
     a, b = hits(real), hits(sim)
     common = set(a) & set(b)
     assert len(common) >= 6 and any(a[k] > 0 for k in common)
@@ -128,19 +138,25 @@ def test_real_engine_and_simulator_give_every_common_turn_the_same_prefix_hit(ti
 
 def test_simulate_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
-    assert main(["simulate", "--profile", "h100-llama3-8b", "--workload", "editor", "--sessions", "3",
-                 "--duration", "600", "--tokenizer", "chars", "--json", str(out), "--plot",
-                 str(tmp_path / "t.png")]) == 0
+    assert main([
+        "simulate", "--profile", "h100-llama3-8b", "--workload", "editor", "--sessions", "3",
+        "--duration", "600", "--tokenizer", "chars", "--json",
+        str(out), "--plot",
+        str(tmp_path / "t.png")
+    ]) == 0
     assert "prefix-cache hit rate" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["profile"] == "h100-llama3-8b" and len(report["runs"]) == 1
     assert (tmp_path / "t.png").stat().st_size > 1000
-    assert main(["simulate", "--profile", "h100-llama3-8b", "--sweep", "pool", "--sessions", "3", "--duration",
-                 "300", "--tokenizer", "chars", "--plot", str(tmp_path / "s.png")]) == 0
+    assert main([
+        "simulate", "--profile", "h100-llama3-8b", "--sweep", "pool", "--sessions", "3",
+        "--duration", "300", "--tokenizer", "chars", "--plot",
+        str(tmp_path / "s.png")
+    ]) == 0
     assert (tmp_path / "s.png").stat().st_size > 1000
 
 
-# -- fleets: router replicas, the router's own load function, node loss ------------------------------------------
+# -- fleets: router replicas, the router's own load function, node loss ----------------------------
 def fleet(trace, nodes, spec, blocks=2000):
     p = get_profile("h100-llama3-8b")
     return simulate_fleet(trace, p, chunk_tokenizer, "bfloat16", blocks, 512, nodes, spec)
@@ -149,11 +165,13 @@ def fleet(trace, nodes, spec, blocks=2000):
 def test_fleets_weigh_loads_with_the_routers_own_node_load_and_avoid_a_queued_node():
     assert fleet_mod.node_load is scorer.node_load  # the function the real NodeSet.loads() calls
     trace = make_trace("editor", 4, 60, seed=1)
-    driver = FleetDriver(trace, [SimBackend(COST, 500) for _ in range(3)], chunk_tokenizer, spec=FleetSpec())
+    driver = FleetDriver(trace, [SimBackend(COST, 500) for _ in range(3)], chunk_tokenizer,
+                         spec=FleetSpec())
     session = next(f"dev-{i}" for i in range(100)
                    if driver.replicas[0].ring.home(f"dev-{i}") == "node0")
     queued = driver.backends[0]
-    for j in range(6):  # another replica's burst: the node's own gauges show it, this replica's counts do not
+    for j in range(6):
+        # another replica's burst: the node's own gauges show it, this replica's counts do not
         queued.add(f"other-{j}", list(range(2, 200)), 16, f"other-{j}", None, 0.0)
     driver._handle(0.0, "scrape", {"session": "", "replica": 0})
     assert driver.scraped[0][0].waiting == 6 and driver.loads(0)["node0"] == 12
@@ -161,7 +179,8 @@ def test_fleets_weigh_loads_with_the_routers_own_node_load_and_avoid_a_queued_no
     for j in range(6):
         queued.abort(f"other-{j}", 0.5)
     driver._handle(1.0, "scrape", {"session": "", "replica": 0})
-    assert driver._route("r2", session, "def f():\n" * 20) == 0  # its queue gone, the session goes home
+    # its queue gone, the session goes home
+    assert driver._route("r2", session, "def f():\n" * 20) == 0
 
 
 def test_replicas_agree_on_every_sessions_node_while_loads_are_under_the_floor():
@@ -170,7 +189,8 @@ def test_replicas_agree_on_every_sessions_node_while_loads_are_under_the_floor()
     assert summary["replica_agreement"] == 1.0 and driver.agreement[1] == summary["requests"] > 50
     assert summary["decisions"] == {"affinity_kept": summary["requests"]}
     nodes = {}
-    for r in driver.records.values():  # round-robin over replicas, yet each session stays on one node
+    for r in driver.records.values():
+        # round-robin over replicas, yet each session stays on one node
         nodes.setdefault(r.session, set()).add(r.node)
     assert all(len(v) == 1 for v in nodes.values())
 
@@ -180,8 +200,8 @@ def test_a_lost_node_moves_only_its_own_sessions_and_loses_no_request():
     spec = FleetSpec(replicas=2)
     _, calm = fleet(trace, 4, spec)
     # the moment a request is still waiting for its first token: it must fail over, not fail
-    victim = next(r for r in calm.records.values() if r.first_token and r.first_token - r.sent > 0.01
-                  and r.sent > 200)
+    victim = next(r for r in calm.records.values()
+                  if r.first_token and r.first_token - r.sent > 0.01 and r.sent > 200)
     at = victim.sent + 0.001
     summary, driver = fleet(trace, 4, FleetSpec(replicas=2, kill_at=at, kill_node=victim.node))
     k = summary["node_loss"]
@@ -190,7 +210,8 @@ def test_a_lost_node_moves_only_its_own_sessions_and_loses_no_request():
     after = [r for r in driver.records.values() if r.sent >= at]
     assert after and all(r.node != victim.node for r in after)
     homes = driver.kill.homes
-    assert all(r.node == homes[r.session] for r in after if homes.get(r.session, victim.node) != victim.node)
+    assert all(r.node == homes[r.session] for r in after
+               if homes.get(r.session, victim.node) != victim.node)
     moved = driver.records[victim.rid]
     assert moved.node != victim.node and moved.first_token is not None and moved.error is None
     assert not any(r.error and r.error != "upstream_failed" for r in driver.records.values())
@@ -219,20 +240,24 @@ def test_fewest_nodes_bisects_to_the_smallest_fleet_that_meets_the_target():
 
 def test_simulate_fleet_cli_answers_how_many_nodes(tmp_path, capsys):
     out = tmp_path / "fleet.json"
-    assert main(["simulate", "--fleet", "--profile", "h100-llama3-8b", "--sessions", "6", "--duration", "300",
-                 "--rate", "4", "--tokenizer", "chars", "--nodes", "4", "--replicas", "2", "--kill-node-at", "150",
-                 "--sweep", "nodes", "--target-goodput", "0.9", "--json", str(out),
-                 "--plot", str(tmp_path / "f.png")]) == 0
+    assert main([
+        "simulate", "--fleet", "--profile", "h100-llama3-8b", "--sessions", "6", "--duration",
+        "300", "--rate", "4", "--tokenizer", "chars", "--nodes", "4", "--replicas", "2",
+        "--kill-node-at", "150", "--sweep", "nodes", "--target-goodput", "0.9", "--json",
+        str(out), "--plot",
+        str(tmp_path / "f.png")
+    ]) == 0
     text = capsys.readouterr().out
     assert "replica agreement" in text and "fewest nodes" in text
     report = json.loads(out.read_text())
     # one node would carry six developers, but not its own loss: every request after it fails (503)
     assert report["fewest_nodes"] == 2 and all(r["node_loss"] for r in report["runs"].values())
-    assert report["runs"]["1 nodes"]["editor_goodput"] < 0.9 <= report["runs"]["2 nodes"]["editor_goodput"]
+    assert report["runs"]["1 nodes"]["editor_goodput"] < 0.9 <= report["runs"]["2 nodes"][
+        "editor_goodput"]
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
-# -- the real code models: profiles and the developer capacity sweep --------------------------------------------
+# -- the real code models: profiles and the developer capacity sweep -------------------------------
 @pytest.mark.parametrize("name", ["cpu-qwen2.5-coder-0.5b", "cpu-qwen2.5-coder-1.5b"])
 def test_code_model_profiles_have_the_files_shape_and_a_fit(name):
     from warmpath.models.gguf_file import read_gguf
@@ -246,11 +271,13 @@ def test_code_model_profiles_have_the_files_shape_and_a_fit(name):
     except FileNotFoundError:
         pytest.skip(f"{p.model_spec} not fetched")
     got = read_config(read_gguf(path))
-    # the profile's shape is the file's: the KV bytes and the working buffers the simulator counts follow from it
+    # the profile's shape is the file's: the KV bytes and the working buffers the simulator counts
+    # follow from it
     assert p.model.kv_bytes_per_token("bfloat16") == got.kv_bytes_per_token("bfloat16")
     assert (p.model.hidden_size, p.model.intermediate_size, p.model.num_layers, p.model.vocab_size) == \
         (got.hidden_size, got.intermediate_size, got.num_layers, got.vocab_size)
-    assert p.weight_bytes["q4_k_m"] <= 1.05 * path.stat().st_size  # the kernel reads the file's own blocks
+    # the kernel reads the file's own blocks
+    assert p.weight_bytes["q4_k_m"] <= 1.05 * path.stat().st_size
 
 
 def test_holds_is_the_most_developers_inside_the_targets():
@@ -267,17 +294,23 @@ def test_holds_is_the_most_developers_inside_the_targets():
 
 def test_simulate_answers_how_many_developers_one_node_holds(tmp_path, capsys):
     out = tmp_path / "dev.json"
-    assert main(["simulate", "--profile", "cpu-qwen2.5-coder-0.5b", "--sweep", "developers", "--duration", "60",
-                 "--rate", "30", "--tokenizer", "chars", "--json", str(out)]) == 0
+    assert main([
+        "simulate", "--profile", "cpu-qwen2.5-coder-0.5b", "--sweep", "developers", "--duration",
+        "60", "--rate", "30", "--tokenizer", "chars", "--json",
+        str(out)
+    ]) == 0
     assert "one node holds" in capsys.readouterr().out
     report = json.loads(out.read_text())
     runs = list(report["runs"].values())
     assert len(runs) == 8 and all(r["editor_goodput"] is not None for r in runs)
-    assert runs[0]["editor_goodput"] == max(r["editor_goodput"] for r in runs) > 0  # alone on the box is best
+    # alone on the box is best
+    assert runs[0]["editor_goodput"] == max(r["editor_goodput"] for r in runs) > 0
     held, target = report["holds_developers"], report["capacity_goodput"]
-    assert 0 < target <= max(r["editor_goodput"] for r in runs)  # 95% of the best count's by default
+    # 95% of the best count's by default
+    assert 0 < target <= max(r["editor_goodput"] for r in runs)
     assert held == 0 or runs[[1, 2, 3, 4, 6, 8, 12, 16].index(held)]["editor_goodput"] >= target
-    # more developers on one 2-core box: goodput does not rise from the lightest load to the heaviest
+    # more developers on one 2-core box: goodput does not rise from the lightest load to the
+    # heaviest
     assert runs[-1]["editor_goodput"] < runs[0]["editor_goodput"]
 
 
@@ -287,37 +320,43 @@ def test_a_paper_profile_cannot_be_calibrated(capsys):
 
 
 def test_the_simulator_keeps_a_left_prompt_warming_as_the_engine_does():
-    """The client gives up, late or stale: the engine keeps a session's unfinished prompt warming either way
-    (Scheduler.abort) and tells late from stale by its clock; the simulated backend must too, or a cold prompt
-    never warms in the simulation while it does on a server."""
-    b = SimBackend(CostModel(base=0.01, per_token=0.004, prefill_attention=0.0, per_seq=0.0, kv_read=0.0), 512)
+    """The client gives up, late or stale: the engine keeps a session's unfinished prompt warming
+    either way (Scheduler.abort) and tells late from stale by its clock; the simulated backend must
+    too, or a cold prompt never warms in the simulation while it does on a server."""
+    b = SimBackend(
+        CostModel(base=0.01, per_token=0.004, prefill_attention=0.0, per_seq=0.0, kv_read=0.0), 512)
     b.add("late", list(range(1000)), 4, "alice", 0.3, 0.0)
     b.step(0.0)
     b.abort("late", 0.3)  # at the deadline: late
     assert [r.session_id for r in b.scheduler.queued_warm_ups()] == ["alice"]
     b.add("stale", list(range(5000, 6000)), 4, "bob", 0.8, 0.5)
     b.step(0.5)
-    b.abort("stale", 0.6)  # before the deadline: stale, and its prompt warms on for bob's next keystroke
-    warm = [r.session_id for r in (*b.scheduler.queued_warm_ups(), *b.scheduler.running_requests()) if r.warmup]
+    # before the deadline: stale, and its prompt warms on for bob's next keystroke
+    b.abort("stale", 0.6)
+    warm = [
+        r.session_id for r in (*b.scheduler.queued_warm_ups(), *b.scheduler.running_requests())
+        if r.warmup
+    ]
     assert sorted(warm) == ["alice", "bob"]
     assert b.scheduler.stats.num_deadline_expired == 1 and b.scheduler.stats.num_aborted == 1
 
 
 def test_the_simulated_kv_tier_brings_an_evicted_session_back_by_reading_at_the_disks_rate(editor):
-    """The engine's scheduler restores from a tier exactly as it does over the disk tier (engine/kv_tier.py):
-    with the tier the editor trace's sessions come back after their idle gaps, the reading costs step time at the
-    profile's read rate, and a tier smaller than a block gives back nothing."""
+    """The engine's scheduler restores from a tier exactly as it does over the disk tier
+    (engine/kv_tier.py): with the tier the editor trace's sessions come back after their idle gaps,
+    the reading costs step time at the profile's read rate, and a tier smaller than a block gives
+    back nothing."""
     def with_tier(gib, profile="cpu-qwen2.5-coder-0.5b"):
-        return simulate(editor, get_profile(profile), chunk_tokenizer, get_profile(profile).default_dtype, 160, 512,
-                        tier_bytes=int(gib * 2**30))
+        return simulate(editor, get_profile(profile), chunk_tokenizer,
+                        get_profile(profile).default_dtype, 160, 512, tier_bytes=int(gib * 2**30))
 
     (none, _), (big, driver), (tiny, _) = with_tier(0), with_tier(8), with_tier(0.0001)
     assert none["evictions"] > 0 and none["tier_hit_rate"] == 0
     assert big["tier_hit_rate"] > 0.05 and big["prefix_hit_rate"] > none["prefix_hit_rate"] + 0.05
     assert big["editor_goodput"] > none["editor_goodput"]
     assert tiny["tier_hit_rate"] == 0
-    # An H100 computes 16 tokens faster than a 200 MB/s disk reads their 2 MB of K/V: the tier is left unread (but
-    # before the first step timed: the scheduler does not know yet).
+    # An H100 computes 16 tokens faster than a 200 MB/s disk reads their 2 MB of K/V: the tier is
+    # left unread (but before the first step timed: the scheduler does not know yet).
     assert with_tier(8, "h100-llama3-8b")[0]["tier_hit_rate"] < 0.001
     tier = driver.backends[0].tier
     # every tier hit is a block read (warm-ups read some more, for their session's next keystroke)
@@ -336,9 +375,12 @@ def test_the_simulated_kv_tier_brings_an_evicted_session_back_by_reading_at_the_
 
 def test_simulate_answers_how_big_a_kv_tier(tmp_path, capsys):
     out = tmp_path / "tier.json"
-    assert main(["simulate", "--profile", "cpu-qwen2.5-coder-0.5b", "--sweep", "kv-tier", "--developers", "6",
-                 "--duration", "600", "--rate", "10", "--num-kv-blocks", "300", "--tokenizer", "chars",
-                 "--json", str(out)]) == 0
+    assert main([
+        "simulate", "--profile", "cpu-qwen2.5-coder-0.5b", "--sweep", "kv-tier", "--developers",
+        "6", "--duration", "600", "--rate", "10", "--num-kv-blocks", "300", "--tokenizer", "chars",
+        "--json",
+        str(out)
+    ]) == 0
     assert "a KV tier of" in capsys.readouterr().out
     runs = json.loads(out.read_text())["runs"]
     assert runs["no tier"]["tier_hit_rate"] == 0 and runs["tier 8 GiB"]["tier_hit_rate"] > 0
@@ -346,11 +388,14 @@ def test_simulate_answers_how_big_a_kv_tier(tmp_path, capsys):
 
 
 def test_simulate_with_an_int8_kv_cache_holds_twice_the_blocks(capsys):
-    """`--kv-cache-dtype int8`: the same memory budget, the engine's own accounting (a scale per row)."""
+    """`--kv-cache-dtype int8`: the same memory budget, the engine's own accounting (a scale per
+    row)."""
     blocks = {}
     for kv in ("bfloat16", "int8"):
-        assert main(["simulate", "--profile", "h100-llama3-8b", "--sessions", "2", "--duration", "60",
-                     "--tokenizer", "chars", "--kv-cache-dtype", kv]) == 0
+        assert main([
+            "simulate", "--profile", "h100-llama3-8b", "--sessions", "2", "--duration", "60",
+            "--tokenizer", "chars", "--kv-cache-dtype", kv
+        ]) == 0
         blocks[kv] = int(capsys.readouterr().err.split(" KV blocks")[0].rsplit(" ", 1)[-1])
     profile = get_profile("h100-llama3-8b")
     assert blocks["bfloat16"] == profile.num_kv_blocks()
@@ -358,8 +403,9 @@ def test_simulate_with_an_int8_kv_cache_holds_twice_the_blocks(capsys):
 
 
 def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
-    """A FIM model's editor request is the server's FIM prompt (api/fim.py render): the suffix after the cursor is
-    computed too, and it sits after the prefix, so keystrokes reuse less of the cache than a prefix-only prompt."""
+    """A FIM model's editor request is the server's FIM prompt (api/fim.py render): the suffix after
+    the cursor is computed too, and it sits after the prefix, so keystrokes reuse less of the cache
+    than a prefix-only prompt."""
     from warmpath.api import fim as api_fim
     from warmpath.api.fim import detect_fim
     from warmpath.config import ServerConfig
@@ -367,7 +413,8 @@ def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
     trace = make_trace("editor", 2, 60, seed=1, rate=30)
 
     def run(fim, suffix_tokens=None) -> Driver:
-        driver = Driver(trace, [SimBackend(COST, 4000)], chunk_tokenizer, fim=fim, suffix_tokens=suffix_tokens)
+        driver = Driver(trace, [SimBackend(COST, 4000)], chunk_tokenizer, fim=fim,
+                        suffix_tokens=suffix_tokens)
         driver.run()
         return driver
 
@@ -380,10 +427,14 @@ def test_an_editor_requests_suffix_is_computed_as_the_server_renders_it():
     plain, filled, kept = run(None), run(qwen), run(qwen, 64)
     suffix_tokens = len(chunk_tokenizer("x" * trace.editor_window[1]))
     assert suffix_tokens > 200 and mean_prompt(filled) - mean_prompt(plain) > 0.5 * suffix_tokens
-    # The suffix's first lines only, as the server keeps them (--fim-suffix-tokens; the profile's own budget)
-    assert 0 < mean_prompt(kept) - mean_prompt(plain) <= 64 + 1.5 * 16  # + the cursor's line, a token per line
+    # The suffix's first lines only, as the server keeps them (--fim-suffix-tokens; the profile's
+    # own budget)
+    # + the cursor's line, a token per line
+    assert 0 < mean_prompt(kept) - mean_prompt(plain) <= 64 + 1.5 * 16
     profile = get_profile("cpu-qwen2.5-coder-0.5b")
-    assert profile.fim_suffix_tokens == api_fim.suffix_tokens(ServerConfig.fim_suffix_tokens,  # server's default
-                                                              profile.cost[profile.default_dtype].per_token)
+    assert profile.fim_suffix_tokens == api_fim.suffix_tokens(
+        ServerConfig.fim_suffix_tokens,  # server's default
+        profile.cost[profile.default_dtype].per_token)
     assert get_profile("cpu-qwen2.5-coder-0.5b").fim.name == "qwen2.5-coder"
-    assert get_profile("h100-llama3-8b").fim is None  # no FIM family: prefix-only, as the server does
+    # no FIM family: prefix-only, as the server does
+    assert get_profile("h100-llama3-8b").fim is None

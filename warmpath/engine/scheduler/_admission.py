@@ -1,5 +1,6 @@
-"""Admission: waiting requests join the running ones first come, first served (preempted ones are at the front),
-each with its prefix-cache hit, the blocks the KV tier gives back, and a first chunk of what the budget leaves."""
+"""Admission: waiting requests join the running ones first come, first served (preempted ones are at
+the front), each with its prefix-cache hit, the blocks the KV tier gives back, and a first chunk of
+what the budget leaves."""
 
 from __future__ import annotations
 
@@ -15,22 +16,26 @@ if TYPE_CHECKING:
     from warmpath.engine.scheduler._warm_up_queue import WarmUps
 
 
-def admit_waiting(state: SchedulerState, tiers: TierReads, out: StepBatch, budget: int, max_num_seqs: int,
-                  cap: Callable[[Request], int]) -> int:
-    """Admit waiting requests while the budget, the sequence limit and the blocks allow; returns the budget left.
-    Not in a step that had to preempt: blocks are short, admitting would only thrash."""
+def admit_waiting(state: SchedulerState, tiers: TierReads, out: StepBatch, budget: int,
+                  max_num_seqs: int, cap: Callable[[Request], int]) -> int:
+    """Admit waiting requests while the budget, the sequence limit and the blocks allow; returns the
+    budget left. Not in a step that had to preempt: blocks are short, admitting would only
+    thrash."""
     while not out.preempted and state.waiting and budget > 0 and len(state.running) < max_num_seqs:
         req = state.waiting[0]
         if state.blocks_for(req.num_tokens + 1) > state.pool.num_blocks:
-            state.finish(req, FinishReason.ERROR, f"request needs {state.blocks_for(req.num_tokens + 1)} KV blocks; "
-                         f"the pool has {state.pool.num_blocks} in all")
+            state.finish(
+                req, FinishReason.ERROR,
+                f"request needs {state.blocks_for(req.num_tokens + 1)} KV blocks; "
+                f"the pool has {state.pool.num_blocks} in all")
             out.finished.append(req)
             continue
         if not admit(state, tiers, req, min(budget, cap(req)), out):
             warm = next((r for r in reversed(state.running) if r.warmup), None)
             if warm is None:
                 break  # head of line does not fit yet: keep FCFS order, wait for blocks
-            state.finish(warm, FinishReason.ABORT)  # a warm-up's blocks go back before anyone waits for them
+            # a warm-up's blocks go back before anyone waits for them
+            state.finish(warm, FinishReason.ABORT)
             continue
         budget -= out.chunks[-1].num_tokens if out.chunks and out.chunks[-1].request is req else 0
     return budget
@@ -38,7 +43,8 @@ def admit_waiting(state: SchedulerState, tiers: TierReads, out: StepBatch, budge
 
 def admit(state: SchedulerState, tiers: TierReads, req: Request, budget: int, out: StepBatch,
           queue: WarmUps | None = None) -> bool:
-    """Move req from the waiting queue (or `queue`) to the running requests if its blocks fit; False if not."""
+    """Move req from the waiting queue (or `queue`) to the running requests if its blocks fit; False
+    if not."""
     bs, pool, tokens = state.block_size, state.pool, req.all_token_ids
     req.block_hashes = pool.hashes(tokens, req.block_hashes, req.cache_salt)
     # At least the last token is always computed: its logits give the next token.
@@ -65,8 +71,10 @@ def admit(state: SchedulerState, tiers: TierReads, req: Request, budget: int, ou
     req.status = RequestStatus.RUNNING
     n = min(req.num_tokens - req.num_computed_tokens, budget)
     need = state.blocks_for(req.num_computed_tokens + n) - len(req.block_ids)
-    if not more and need <= pool.num_free:  # (restored blocks enter the pool's cache after the step)
+    if not more and need <= pool.num_free:
+        # (restored blocks enter the pool's cache after the step)
         req.block_ids += pool.allocate(need)
         req.restoring = False
         out.chunks.append(ScheduledChunk(req, n, req.num_computed_tokens + n == req.num_tokens))
-    return True  # else it reads on, or computes from a bad block on, in the next step's running requests
+    # else it reads on, or computes from a bad block on, in the next step's running requests
+    return True

@@ -1,5 +1,5 @@
-"""The scheduler's state: its queues, the block pool and the counters. Owned by Scheduler; its managers (the
-other private modules of this package) change it, nothing outside the package does."""
+"""The scheduler's state: its queues, the block pool and the counters. Owned by Scheduler; its
+managers (the other private modules of this package) change it, nothing outside the package does."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ class SchedulerState:
     pool: BlockPool
     warming: WarmUps  # not admitted yet, bounded
     stats: SchedulerStats
-    waiting: deque[Request] = field(default_factory=deque)  # FCFS; preempted requests go back to the front
-    running: list[Request] = field(default_factory=list)  # in admission order: the last one is preempted first
+    # FCFS; preempted requests go back to the front
+    waiting: deque[Request] = field(default_factory=deque)
+    # in admission order: the last one is preempted first
+    running: list[Request] = field(default_factory=list)
 
     @property
     def block_size(self) -> int:
@@ -32,7 +34,8 @@ class SchedulerState:
         return -(-num_tokens // self.block_size)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        """Finish a request in any state; its blocks go back to the pool at once (full ones stay cached)."""
+        """Finish a request in any state; its blocks go back to the pool at once (full ones stay
+        cached)."""
         if req.finished:
             return
         if req in self.running:

@@ -1,5 +1,6 @@
-"""Reading a prefix back from the KV tier instead of computing it, where that is cheaper (a fast accelerator may
-compute faster than its disk reads): while others are quick, as many blocks a step as a paced step's time allows."""
+"""Reading a prefix back from the KV tier instead of computing it, where that is cheaper (a fast
+accelerator may compute faster than its disk reads): while others are quick, as many blocks a step
+as a paced step's time allows."""
 
 from __future__ import annotations
 
@@ -23,19 +24,22 @@ class TierReads:
         per_block = None if self.tier is None else self.tier.seconds_per_block
         per_token = self.cost.per_token
         self._pays = per_block is None or per_token is None or per_block < block_size * per_token
-        self._left = free_blocks if not (quick and per_block) else max(1, int(self.step_target_ms / 1000 / per_block))
+        self._left = free_blocks if not (quick and per_block) else max(
+            1, int(self.step_target_ms / 1000 / per_block))
 
     @property
     def left(self) -> int:
         return self._left
 
     def chain(self, hashes: list[bytes], start: int) -> int:
-        """How many blocks from `start` on the tier holds in a row and is worth reading (0 where it does not pay)."""
+        """How many blocks from `start` on the tier holds in a row and is worth reading (0 where it
+        does not pay)."""
         return held_in_a_row(self.tier, hashes, start) if self._pays else 0
 
     def read(self, req: Request, state: SchedulerState) -> bool:
-        """Read the blocks after req's computed ones that the tier holds into fresh blocks, as many as this step
-        allows (a block it cannot read is computed from there on); whether the tier holds more, to read next step."""
+        """Read the blocks after req's computed ones that the tier holds into fresh blocks, as many
+        as this step allows (a block it cannot read is computed from there on); whether the tier
+        holds more, to read next step."""
         bs, start = state.block_size, req.num_computed_tokens // state.block_size
         if req.num_computed_tokens % bs or len(req.block_ids) != start:
             return False
@@ -45,8 +49,9 @@ class TierReads:
         if take == 0:
             return chain > 0 and self._left == 0
         fresh, tokens = state.pool.allocate(take), req.all_token_ids
-        got = self.tier.restore(fresh, usable[start:start + take],
-                                [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(start, start + take)])
+        got = self.tier.restore(
+            fresh, usable[start:start + take],
+            [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(start, start + take)])
         state.pool.free(fresh[got:])
         req.block_ids += fresh[:got]
         req.num_computed_tokens += got * bs

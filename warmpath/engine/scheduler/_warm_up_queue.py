@@ -1,11 +1,13 @@
-"""The queue of warm-ups waiting for an idle step (_warm_ups.py), bounded in tokens per tenant and in all.
+"""The queue of warm-ups waiting for an idle step (_warm_ups.py), bounded in tokens per tenant and
+in all.
 
-Why bounded: every request refused at its deadline, late or left by its client leaves one, and a client can send any
-number of them (a new session id each time), each up to a context of tokens, all held until an idle step comes.
-Past a bound the oldest warm-ups go first (the tenant's own for its bound): a developer's latest file is the one
-worth warming. One queued warm-up per session (the scheduler ends a session's older one). A tenant is the request's
-`tenant` (its credential's, server/tenancy.py, whatever the cache isolation: a new `cache_salt` is no new tenant);
-requests with none (the offline API) are one tenant.
+Why bounded: every request refused at its deadline, late or left by its client leaves one, and a
+client can send any number of them (a new session id each time), each up to a context of tokens, all
+held until an idle step comes. Past a bound the oldest warm-ups go first (the tenant's own for its
+bound): a developer's latest file is the one worth warming. One queued warm-up per session (the
+scheduler ends a session's older one). A tenant is the request's `tenant` (its credential's,
+server/tenancy.py, whatever the cache isolation: a new `cache_salt` is no new tenant); requests with
+none (the offline API) are one tenant.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from warmpath.engine.scheduler.batch import SchedulerStats
 
 @dataclass
 class WarmUps:
-    """Queued warm-ups, oldest first; `add` keeps both bounds and returns the warm-ups it dropped (the scheduler
-    finishes them: none holds blocks yet)."""
+    """Queued warm-ups, oldest first; `add` keeps both bounds and returns the warm-ups it dropped
+    (the scheduler finishes them: none holds blocks yet)."""
 
     tokens_per_tenant: int
     max_tokens: int
     stats: SchedulerStats  # its warm_ups_dropped_* counters
     tokens: int = 0  # prompt tokens held, all tenants
-    _queue: OrderedDict[str, Request] = field(default_factory=OrderedDict)  # by request id, oldest first
+    # by request id, oldest first
+    _queue: OrderedDict[str, Request] = field(default_factory=OrderedDict)
     _by_tenant: dict[str | None, OrderedDict[str, Request]] = field(default_factory=dict)
     _tenant_tokens: dict[str | None, int] = field(default_factory=dict)
     _by_session: dict[str | None, Request] = field(default_factory=dict)
