@@ -34,7 +34,8 @@ def main() -> None:
                     help="default: benchmarks/results/{bf16,int8,plan}_agreement.json")
     args = ap.parse_args()
     planned = args.dtype == "auto" and args.kernel_activations == "auto"
-    mode = "the plan" if planned else "int8 activations" if args.kernel_activations == "int8" else args.dtype
+    mode = ("the plan" if planned else
+            "int8 activations" if args.kernel_activations == "int8" else args.dtype)
     kind = "plan" if planned else "int8" if args.kernel_activations == "int8" else "bf16"
     json_path = args.json or f"benchmarks/results/{kind}_agreement.json"
     cases = json.loads(DATA.read_text())["cases"]

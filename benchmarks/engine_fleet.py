@@ -221,8 +221,8 @@ async def phase_run(trace: Trace, rurls: list[str], cfg: ClientConfig, name: str
         if victim is not None:
             tasks.append(chaos())
         stop = asyncio.Event()
-        watcher = asyncio.create_task(agreement(rurls, sorted(trace.sessions), poll, stop)) if poll is not None \
-            else None
+        watcher = (asyncio.create_task(agreement(rurls, sorted(trace.sessions), poll, stop))
+                   if poll is not None else None)
         results = (await asyncio.gather(*tasks))[:2]
         stop.set()
         if watcher is not None:

@@ -34,8 +34,9 @@ from warmpath.models.registry import resolve_model  # noqa: E402
 
 URI = "file:///bench/fib.py"
 HEAD = "import functools\n\n\n@functools.cache\ndef fib(n):\n    if n < 2:\n        return n\n"
-TYPED = "    return fib(n - 1) + fib(n - 2)\n\n\ndef lucas(n):\n    if n < 2:\n        return 2 - n\n" \
-        "    return lucas(n - 1) + lucas(n - 2)\n"
+TYPED = ("    return fib(n - 1) + fib(n - 2)\n\n\ndef lucas(n):\n    if n < 2:\n"
+         "        return 2 - n\n"
+         "    return lucas(n - 1) + lucas(n - 2)\n")
 SUFFIX = "\n\nprint(fib(30), lucas(30))\n"
 MAX_TOKENS = 16
 

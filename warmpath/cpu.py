@@ -58,7 +58,8 @@ def cpu_label(text: str | None = None, cpus: int | None = None) -> str:
     ]
     if units and "AMX" not in units:
         units[-1] += ", no AMX"
-    family = f"family {info['cpu family']} model {info.get('model', '?')}" if "cpu family" in info else ""
+    family = (f"family {info['cpu family']} model {info.get('model', '?')}"
+              if "cpu family" in info else "")
     detail = "; ".join(x for x in (family, " ".join(units)) if x)
     count = cpus if cpus is not None else os.cpu_count()
     return cpu_name(text) + (f" ({detail})" if detail else "") + f", {count} CPUs"

@@ -131,7 +131,8 @@ def test_zed_gets_the_middle_under_the_tagged_name_and_it_ends_where_the_code_en
         r.json()["response"]) and "print" not in r.json()["response"], r.text
     # The issue's case: after the middle this model writes print(fib(1)), print(fib(2)), ... until
     # max_tokens; the scope ends it before the first line that leaves the function.
-    issue = "<|fim_prefix|>def fib(n):\n    if n < 2: return n<|fim_suffix|>\n\nprint(fib(10))<|fim_middle|>"
+    issue = ("<|fim_prefix|>def fib(n):\n    if n < 2: return n"
+             "<|fim_suffix|>\n\nprint(fib(10))<|fim_middle|>")
     r = httpx.post(
         f"{served}/v1/completions",
         json={"model": "qwen2.5-coder:0.5b", "prompt": issue, "max_tokens": 256,

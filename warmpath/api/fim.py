@@ -100,8 +100,8 @@ class FimTemplate:
             if end < 0:
                 return None
             parts[name], at = prompt[start:end], end
-        head = prompt[at + len(self.tokens[-1]):] if self.prefix_first and prompt.startswith(self.tokens[-1], at) \
-            else ""
+        head = (prompt[at + len(self.tokens[-1]):]
+                if self.prefix_first and prompt.startswith(self.tokens[-1], at) else "")
         return parts["prefix"] + head, parts["suffix"]
 
 
@@ -176,7 +176,8 @@ FIM_TEMPLATES = (
     # form).
     FimTemplate("deepseek-coder", ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
                 "<｜fim▁begin｜>{context}{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
-                ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", "<｜end▁of▁sentence｜>", "<|EOT|>")),
+                ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", "<｜end▁of▁sentence｜>",
+                 "<|EOT|>")),
     FimTemplate(
         "codestral",
         ("[SUFFIX]", "[PREFIX]"),
@@ -382,7 +383,8 @@ class FimFormat:
             return replace(
                 r,
                 fim_mode=f"{r.fim_mode}; the prompt's {family} markers read as prefix and suffix")
-        if self.suffix_tokens is None or not fill.suffix or self.template is None or self.count is None:
+        if (self.suffix_tokens is None or not fill.suffix or self.template is None
+                or self.count is None):
             return render(fill, self.template, self.layout)
         r = render(replace(fill, suffix=keep_suffix(fill.suffix, self.suffix_tokens, self.count)),
                    self.template, self.layout)

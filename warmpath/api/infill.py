@@ -199,8 +199,8 @@ def event(ask: Ask, request_id: str, text: str, out: Outcome, model: str | None)
 def end(ask: Ask, request_id: str, out: Outcome, model: str | None) -> bytes:
     """The stream's last event: the whole result with empty content (the text went before) and stop:
     true."""
-    return b"data: " + compact(_fields(_result(ask, out, model, ""), ask.options.get("response_fields", []))) \
-        + b"\n\n"
+    return b"data: " + compact(_fields(_result(ask, out, model, ""),
+                                       ask.options.get("response_fields", []))) + b"\n\n"
 
 
 def stream_error(message: str) -> bytes:

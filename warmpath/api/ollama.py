@@ -135,7 +135,8 @@ def template(layout: str | None) -> str:
     model without FIM tokens still takes a suffix here (prefix-only, cut where the suffix repeats),
     so it always does."""
     if layout is None:
-        return "{{ .Prompt }}{{- if .Suffix }}{{- /* prefix-only: cut where .Suffix repeats */ -}}{{- end }}"
+        return ("{{ .Prompt }}{{- if .Suffix }}"
+                "{{- /* prefix-only: cut where .Suffix repeats */ -}}{{- end }}")
     fim = layout.replace("{context}",
                          "").replace("{prefix}",
                                      "{{ .Prompt }}").replace("{suffix}", "{{ .Suffix }}")

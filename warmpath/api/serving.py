@@ -89,7 +89,8 @@ class LimitedH11(H11Protocol):
         self._cancel_header_timer()
         self._refused = True
         body = json.dumps(error_body(message, type_, code=code)).encode()
-        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n")
         self.transport.write(head % (status, _REASONS[status], len(body)) + body)
         if self.conn.our_state is not h11.ERROR:
             self.conn.send_failed()  # h11 is told this connection is over

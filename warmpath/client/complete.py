@@ -83,6 +83,7 @@ async def complete_at(args: argparse.Namespace) -> int:
     if rec.outcome != DROPPED:
         print(rec.text)
     ttft = "-" if rec.ttft is None else f"{rec.ttft * 1000:.0f} ms"
-    cached = "" if rec.cached_tokens is None else f", {rec.cached_tokens}/{rec.prompt_tokens} prompt tokens cached"
+    cached = ("" if rec.cached_tokens is None else
+              f", {rec.cached_tokens}/{rec.prompt_tokens} prompt tokens cached")
     print(f"[{rec.outcome}: TTFT {ttft}, {rec.tokens} tokens{cached}]", file=sys.stderr)
     return 0

@@ -235,7 +235,8 @@ async def stream_completion(http: httpx.AsyncClient, target: Target, body: dict,
                             now = clock()
                             if rec.first_token is None:
                                 rec.first_token = now
-                                total = None if total_deadline_s is None else start + total_deadline_s
+                                total = (None if total_deadline_s is None else
+                                         start + total_deadline_s)
                                 timer.reschedule(total)
                             rec.chunk_times.append(now)
                             rec.text += text

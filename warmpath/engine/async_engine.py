@@ -206,7 +206,8 @@ class AsyncEngine:
         at what a step costs (StepCost). With prompt chunks paced (Scheduler.latency_chunk), what is
         ahead takes at most a chunk each per step: if that leaves room in the budget, the new
         request joins the next step."""
-        snap, budget, cost = self.snapshot, self.engine.config.scheduler.max_num_batched_tokens, self.engine.cost
+        snap, budget, cost = (self.snapshot, self.engine.config.scheduler.max_num_batched_tokens,
+                              self.engine.cost)
         # warm-ups yield to everyone: not counted
         remaining = [*snap.prompt_left, *self._queued.values()]
         cap, quick = snap.latency_chunk, snap.clock() < snap.quick_until

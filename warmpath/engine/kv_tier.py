@@ -296,8 +296,9 @@ class DiskTier:
         return True
 
     def _write(self, h: bytes, token_ids: tuple[int, ...], payload: bytes) -> None:
-        data = HEADER.pack(MAGIC, self.key_digest, h, len(token_ids), len(payload), _digest(payload)) + \
-            np.asarray(token_ids, dtype="<i8").tobytes() + payload
+        data = (HEADER.pack(MAGIC, self.key_digest, h, len(token_ids), len(payload),
+                            _digest(payload))
+                + np.asarray(token_ids, dtype="<i8").tobytes() + payload)
         path = self._path(h)
         try:
             old = path.stat().st_size  # another server on this key wrote it: replaced, counted once

@@ -162,7 +162,8 @@ class BackendPlan:
         for kind, choice in (("decode", self.decode), ("chunk", self.chunk)):
             for key, chosen in choice.items():
                 cells = [_ms(self.timings[b].get(kind, {}).get(key)) for b in names]
-                label = f"decode {key.replace('x', ' x ')}" if kind == "decode" else f"chunk {key.replace('@', ' @ ')}"
+                label = (f"decode {key.replace('x', ' x ')}" if kind == "decode" else
+                         f"chunk {key.replace('@', ' @ ')}")
                 lines.append(f"| {label} | " + " | ".join(cells) + f" | {chosen} |")
         return "\n".join(lines)
 

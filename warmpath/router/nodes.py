@@ -129,7 +129,8 @@ class NodeSet:
                  failures: int = 3, headers: dict[str, str] | None = None, on_unhealthy=None,
                  floor: int = 0, nodes_file: str | None = None, on_members=None):
         self.nodes = {n.url: n for n in nodes}
-        self.http, self.interval_s, self.max_failures, self.floor = http, interval_s, failures, floor
+        self.http, self.interval_s, self.max_failures, self.floor = (http, interval_s, failures,
+                                                                     floor)
         self.headers = headers or {}
         # called with a node that left (its cache is gone or unreachable)
         self.on_unhealthy = on_unhealthy

@@ -52,12 +52,14 @@ def prepare(node, routed, own_model: bool,
     body, raw = routed.body, routed.raw
     if wire is None and body is not None and not engine.applies_scope and "scope" in body:
         body, raw = without_scope(body), None  # the router applies it
-    if wire is None and routed.kind == "completion" and body is not None and not engine.applies_scope and \
-            (cutter := body_cutter(routed.body, model or str(body.get("model") or ""), scope, heals(engine))) \
-            is not None \
-            and Collected.streamed({**body, "stream": False}) is not None:
-        return routed.path, request_body(node, {**body, **STREAMED}, None, own_model, respelled(cutter)), \
-            Scoped(cutter, collect=not routed.stream)
+    if (wire is None and routed.kind == "completion" and body is not None
+            and not engine.applies_scope
+            and (cutter := body_cutter(routed.body, model or str(body.get("model") or ""), scope,
+                                       heals(engine))) is not None
+            and Collected.streamed({**body, "stream": False}) is not None):
+        return (routed.path,
+                request_body(node, {**body, **STREAMED}, None, own_model, respelled(cutter)),
+                Scoped(cutter, collect=not routed.stream))
     if wire is None and not engine.cancels_whole and body is not None and \
             (streamed := Collected.streamed(body)) is not None:
         return routed.path, request_body(node, streamed, None,
@@ -100,8 +102,8 @@ def render_fim(body: dict, model: str, give_back: str = "") -> dict:
     out = dict(body)
     prefix, suffix, extra = out.pop("prompt"), out.pop("suffix", None) or "", out.pop(
         "extra", None) or []
-    files = [ContextFile(e.get("filename") or "", e.get("text") or "") for e in extra if isinstance(e, dict)] \
-        if isinstance(extra, list) else []
+    files = ([ContextFile(e.get("filename") or "", e.get("text") or "") for e in extra
+              if isinstance(e, dict)] if isinstance(extra, list) else [])
     if give_back and prefix.endswith(give_back):
         prefix = prefix[:len(prefix) - len(give_back)]
     # These engines do not heal the prompt's last token (engine/healing.py): the anchored layout,

@@ -89,7 +89,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     app = FastAPI(title="warmpath", lifespan=lifespan)
     app.state.served, app.state.pipeline = served, Pipeline(served)
     app.state.http_config = served.config  # its connection limits: api/serving.py
-    app.state.engine, app.state.async_engine, app.state.metrics = engine, served.async_engine, served.metrics
+    app.state.engine, app.state.async_engine, app.state.metrics = (engine, served.async_engine,
+                                                                   served.metrics)
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, config=served.config)
     app.include_router(routes)

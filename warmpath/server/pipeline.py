@@ -70,7 +70,8 @@ class Pipeline:
             max_tokens = s.fitter.max_tokens(ask.max_tokens, prompt)
         # No temperature asked: greedy for a FIM prompt (the answer an editor inserts as it is),
         # else OpenAI's 1.0
-        temperature = ask.temperature if ask.temperature is not None else 0.0 if prompt.rendered.fim_mode else 1.0
+        temperature = (ask.temperature if ask.temperature is not None else
+                       0.0 if prompt.rendered.fim_mode else 1.0)
         job = s.runner.make(ask, prompt.ids, request.headers, received, max_tokens, temperature,
                             s.tenancy(ask, request))
         self.bound(job, prompt, ask)

@@ -251,11 +251,12 @@ def run(args: argparse.Namespace) -> int:
     held = None
     if args.sweep == "developers":
         best = max((s["editor_goodput"] or 0.0) for s in summaries)
-        target = args.capacity_goodput if args.capacity_goodput is not None else S.target_share * best
+        target = (args.capacity_goodput if args.capacity_goodput is not None else
+                  S.target_share * best)
         held = holds(dict(zip(DEVELOPERS, summaries, strict=True)), target, args.deadline_ms / 1000)
         print(
             f"one node holds {held or 0} developer(s) at editor goodput >= {100 * target:.1f}% "
-            f"({'asked' if args.capacity_goodput is not None else f'{S.target_share:.0%} of the best count'}"
+            f"({'asked' if args.capacity_goodput is not None else f'{S.target_share:.0%} of the best count'}"  # noqa: E501
             f") and TTFT p50 <= {args.deadline_ms:.0f} ms ({profile.name}, {args.duration:.0f} s, "
             f"rate {args.rate})"
         )

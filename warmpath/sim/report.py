@@ -73,7 +73,8 @@ ROWS = [("prefix-cache hit rate (RAM + tier)", "prefix_hit_rate", "pct"),
 
 def fmt(s: dict, key: str, unit: str) -> str:
     if unit == "pool":
-        return f"{100 * s['pool_used_mean']:.0f}% / {100 * s['pool_used_max']:.0f}% of {s['pool_blocks']}"
+        return (f"{100 * s['pool_used_mean']:.0f}% / {100 * s['pool_used_max']:.0f}% "
+                f"of {s['pool_blocks']}")
     if unit == "time":
         return f"{s['simulated_s']:.0f} s / {s['wall_s']:.1f} s"
     v = s.get(key)

@@ -23,12 +23,14 @@ def before_middle(prompt: str) -> str:
 
 
 def test_the_prefix_and_the_lines_after_the_cut_make_the_same_document():
-    prefix = "import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n        yield ro"
+    prefix = ("import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n"
+              "        yield ro")
     suffix = "\n\nprint(list(walk('.')))\n"
     prompt = QWEN.build(prefix, suffix, layout="anchored")
     cut = anchor(prefix)
     assert prefix[cut - 1] == "\n"
-    assert prompt == f"<|fim_prefix|>{prefix[:cut]}<|fim_suffix|>{suffix}<|fim_middle|>{prefix[cut:]}"
+    assert prompt == (f"<|fim_prefix|>{prefix[:cut]}<|fim_suffix|>{suffix}"
+                      f"<|fim_middle|>{prefix[cut:]}")
     assert QWEN.build(prefix,
                       suffix) == f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
 

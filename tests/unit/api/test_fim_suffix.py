@@ -58,9 +58,11 @@ MEASURED = {
     "Zen 4, Qwen2.5-Coder-0.5B (anchors.md: cold 2,000 tokens in 5.21 s)": (5.21 / 2000, 80),
     "Zen 4, Qwen2.5-Coder-1.5B (anchors.md: cold 2,000 tokens in 12.65 s)": (12.65 / 2000, 64),
     **{
-        f"{cpu}, SmolLM2-135M (tests/data/plan_timings_{name}.json: native-int8, 128 new tokens)": (json.loads((DATA / f"plan_timings_{name}.json").read_text(
-                                                                                                               ))["backends"]["native-int8"]["chunk"]["128@0"] / 1000 / 128, expected)
-        for cpu, name, expected in (("Sapphire Rapids", "spr", 368), ("Emerald Rapids without AMX", "emr", 336))
+        f"{cpu}, SmolLM2-135M (tests/data/plan_timings_{name}.json: native-int8, 128 new tokens)":
+            (json.loads((DATA / f"plan_timings_{name}.json").read_text())
+             ["backends"]["native-int8"]["chunk"]["128@0"] / 1000 / 128, expected)
+        for cpu, name, expected in (("Sapphire Rapids", "spr", 368),
+                                    ("Emerald Rapids without AMX", "emr", 336))
     },
 }
 

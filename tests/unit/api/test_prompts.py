@@ -140,8 +140,7 @@ def test_the_vocabulary_and_the_model_name_find_the_same_family(vocab, name, fam
     assert by_vocab == by_name and (by_name.name if by_name else None) == family
 
 
-def test_a_models_fim_format_reads_literal_markers_keeps_the_suffixs_first_lines_and_puts_the_hole_at_the_end(
-):
+def test_a_models_fim_format_reads_literal_markers_keeps_the_suffixs_first_lines_hole_at_the_end():
     """FimFormat (api/fim.py): what the server renders beyond render() itself."""
     tok = tokenizer_with(*QWEN_FIM)
     qwen = FimFormat(detect_fim(tok), "cursor", suffix_tokens=2, count=lambda t: len(t.split()),

@@ -31,7 +31,8 @@ def same_in_any_pieces(prefix: str, suffix: str, answer: str,
 # The issue's example, Qwen2.5-Coder-0.5B-Instruct through /infill: the middle, then lines past the
 # suffix.
 FIB = "def fib(n):\n    if n < 2: return n"
-FIB_ANSWER = "\n    else: return fib(n-1) + fib(n-2)\n\nprint(fib(1))  # 1\nprint(fib(2))  # 1\nprint(fib(3))  # 2\n"
+FIB_ANSWER = ("\n    else: return fib(n-1) + fib(n-2)\n\n"
+              "print(fib(1))  # 1\nprint(fib(2))  # 1\nprint(fib(3))  # 2\n")
 
 
 def test_after_typed_code_the_answer_is_the_rest_of_its_line():
@@ -179,8 +180,8 @@ def test_on_a_blank_line_the_first_line_written_sets_the_block():
     # leading blank lines are dropped: the answer starts on the cursor's line
     assert same_in_any_pieces("class A:\n", "\n", "\n    def f(self):\n        pass\nx = 1\n") == \
         ("    def f(self):\n        pass", "dedent")
-    assert same_in_any_pieces("class A:\n    ", "\n", "\n    def f(self):\n        pass\nx = 1\n") == \
-        ("def f(self):\n        pass", "dedent")  # ... at the cursor's indentation
+    assert (same_in_any_pieces("class A:\n    ", "\n", "\n    def f(self):\n        pass\nx = 1\n")
+            == ("def f(self):\n        pass", "dedent"))  # ... at the cursor's indentation
     top = "def g():\n    pass\n"  # a module-level cursor: no line can leave it
     assert same_in_any_pieces("import os\n", "", top) == (top, None)
 
@@ -190,7 +191,8 @@ def test_on_a_blank_line_a_line_that_opens_the_block_below_it_is_the_whole_answe
     # through /infill)
     prefix = "impl<C, E> StdError for ContextError<C, E> {\n    "
     suffix = "\n        Some(&self.error)\n    }\n}\n"
-    answer = "fn source(&self) -> Option<&(dyn StdError + 'static)> {\n        Some(&self.error)\n    }\n"
+    answer = ("fn source(&self) -> Option<&(dyn StdError + 'static)> {\n"
+              "        Some(&self.error)\n    }\n")
     assert same_in_any_pieces(prefix, suffix,
                               answer) == ("fn source(&self) -> Option<&(dyn StdError + 'static)> {",
                                           "body")

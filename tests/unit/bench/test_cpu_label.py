@@ -13,8 +13,9 @@ DATA = Path(__file__).parents[2] / "data"
 
 
 def cpuinfo_text(name: str, family: int, model: int, flags: list[str]) -> str:
-    core = f"processor\t: {{n}}\nvendor_id\t: x\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: {name}\n" \
-           f"flags\t\t: fpu sse2 {' '.join(flags)}\n\n"
+    core = ("processor\t: {n}\nvendor_id\t: x\n"
+            f"cpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: {name}\n"
+            f"flags\t\t: fpu sse2 {' '.join(flags)}\n\n")
     return core.format(n=0) + core.format(n=1)
 
 

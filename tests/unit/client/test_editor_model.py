@@ -66,7 +66,8 @@ def scripted_app() -> Starlette:
         async def events():
             for i, wait in enumerate([first, *gaps]):
                 await asyncio.sleep(wait)
-                yield f'data: {{"choices": [{{"index": 0, "text": "t{i}", "finish_reason": null}}]}}\n\n'
+                yield (f'data: {{"choices": [{{"index": 0, "text": "t{i}", '
+                       '"finish_reason": null}]}\n\n')
             yield 'data: {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}\n\n'
             yield "data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")

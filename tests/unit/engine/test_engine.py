@@ -140,9 +140,10 @@ def test_abort_in_any_state_returns_blocks_at_once(tiny_long_dir, prompts, state
     target = "y" if state == "preempted" else "x"
     for _ in range(200):
         req = engine.requests[target]
-        if state == "waiting" or (state == "prefilling" and 0 < req.num_computed_tokens < req.num_tokens - 1) \
-                or (state == "decoding" and req.output_token_ids) \
-                or (state == "preempted" and req.status == RequestStatus.PREEMPTED):
+        if (state == "waiting"
+                or (state == "prefilling" and 0 < req.num_computed_tokens < req.num_tokens - 1)
+                or (state == "decoding" and req.output_token_ids)
+                or (state == "preempted" and req.status == RequestStatus.PREEMPTED)):
             break
         engine.step()
     else:

@@ -344,7 +344,7 @@ def test_two_servers_on_one_key_count_each_file_once(tmp_path):
     b.close()
 
 
-def test_the_root_is_private_and_a_stale_keys_temporary_files_go_only_once_no_write_can_be_making_them(
+def test_the_root_is_private_and_a_stale_keys_temp_files_go_only_once_no_write_can_be_making_them(
         tmp_path):
     """The lock and the in-use marks are 0600 in 0700 directories; a key directory no server holds
     goes with a crash's leftover temporary file (store.atomic_file's name, older than STALE_TMP_S),

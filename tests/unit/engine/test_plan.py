@@ -38,8 +38,7 @@ def fastest(timings, kind, key, among=BACKENDS):
                key=lambda b: timings[b][kind][key])
 
 
-def test_sapphire_rapids_timings_mix_the_kernel_for_decodes_and_short_chunks_with_bf16_for_long_chunks(
-):
+def test_sapphire_rapids_timings_mix_the_kernel_for_decodes_and_short_chunks_bf16_for_long_ones():
     plan = choose(SPR, allow_nondeterministic=True)
     assert (plan.native, plan.torch) == ("native-int8", "torch-bf16") and not plan.deterministic
     for kind, choice in (("decode", plan.decode), ("chunk", plan.chunk)):
@@ -157,8 +156,8 @@ def test_native_backend_names_say_the_kernels_options():
     assert native_options("native-int8") == {"activations": "int8", "attention": "fp32"}
     assert native_options("native-int8-bf16attn") == {"activations": "int8", "attention": "bf16"}
     assert native_options("native-fp32") == {"activations": "fp32", "attention": "fp32"}
-    assert single("native-int8-bf16attn").deterministic and single("native-int8-bf16attn").native == \
-        "native-int8-bf16attn"
+    assert (single("native-int8-bf16attn").deterministic
+            and single("native-int8-bf16attn").native == "native-int8-bf16attn")
 
 
 def test_a_configuration_named_by_dtype_is_a_plan_with_the_fixed_rule_at_its_exact_thresholds(

@@ -132,7 +132,9 @@ def test_an_answer_cannot_connect_to_localhost():
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'secrets')\n"
+        program = ("import socket\n"
+                   f"socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+                   ".sendall(b'secrets')\n")
         assert not passes(program, timeout_s=5)
         with pytest.raises(BlockingIOError):  # no connection ever came
             listener.accept()
@@ -157,7 +159,8 @@ def test_a_cpu_spin_stops_at_rlimit_cpu_before_the_timeout():
 
     started = time.monotonic()
     outcome = run_python("while True:\n    pass\n", Limits(timeout_s=30, cpu_s=1))
-    assert not outcome.passed and not outcome.timed_out and outcome.returncode == 128 + signal.SIGKILL
+    assert (not outcome.passed and not outcome.timed_out
+            and outcome.returncode == 128 + signal.SIGKILL)
     assert time.monotonic() - started < 10
 
 

@@ -84,8 +84,9 @@ def test_the_files_blocks_have_no_fp32_activation_products():
 
 
 @pytest.mark.parametrize(("kind", "cols"), KINDS)
-def test_a_matrix_packed_in_chunks_of_rows_multiplies_as_packed_whole(kind, cols, kernel_build,
-                                                                      monkeypatch):  # noqa: F811
+def test_a_matrix_packed_in_chunks_of_rows_multiplies_as_packed_whole(kind, cols,
+                                                                      kernel_build,  # noqa: F811
+                                                                      monkeypatch):
     """Large matrices are converted and packed a run of rows at a time (QuantizedMatrix.row_chunks):
     100 rows in runs of 16 must give the products of the whole matrix converted and packed at once,
     int8 and fp32 alike."""

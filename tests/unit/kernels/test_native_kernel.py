@@ -272,7 +272,8 @@ def test_kernel_settings(tiny_llama_dir):
         LLM(str(tiny_llama_dir), dtype="float32", kernel="fast")
     # on request: its own weights
     beside_bf16 = LLM(str(tiny_llama_dir), dtype="bfloat16", kernel="native")
-    assert beside_bf16.engine.runner.native is not None and beside_bf16.engine.kv_dtype == torch.bfloat16
+    assert (beside_bf16.engine.runner.native is not None
+            and beside_bf16.engine.kv_dtype == torch.bfloat16)
     assert len(beside_bf16.generate("def f", GREEDY)[0].token_ids) == 12
 
 

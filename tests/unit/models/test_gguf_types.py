@@ -28,7 +28,8 @@ from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
 
-PROMPT = "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)  # ünï\n"
+PROMPT = ("def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
+          "    return total / len(xs)  # ünï\n")
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -64,8 +64,8 @@ def test_an_int8_cache_on_the_torch_path(tiny_llama_dir):
     cfg, kv = small.engine.model_config, small.engine.runner.kv_cache
     assert kv.dtype == torch.int8 and kv.shape[-1] == cfg.head_dim + 2
     per_block = cfg.kv_bytes_per_token("int8") * small.config.block_size
-    assert small.engine.pool.num_blocks == (1 << 22) // per_block and kv.numel() == small.engine.pool.num_blocks * \
-        per_block
+    assert (small.engine.pool.num_blocks == (1 << 22) // per_block
+            and kv.numel() == small.engine.pool.num_blocks * per_block)
     prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n"
     a, b = exact.generate(prompt, GREEDY)[0], small.generate(prompt, GREEDY)[0]
     assert b.token_ids[:4] == a.token_ids[:4]

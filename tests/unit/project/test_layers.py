@@ -23,7 +23,8 @@ def test_importing_leaves_torch_out(module):
 
 
 def test_the_package_itself_imports_torch_only_when_the_engine_is_used():
-    code = "import sys, warmpath; a = 'torch' in sys.modules; warmpath.LLM; print(a, 'torch' in sys.modules)"
+    code = ("import sys, warmpath; a = 'torch' in sys.modules; warmpath.LLM; "
+            "print(a, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["False", "True"]

@@ -249,8 +249,8 @@ def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_rou
             assert httpx.post(f"{rurl}/infill", json=infill, timeout=60).json()["content"] == want
             # each of the three closed the node's stream at the cut: the node counts its client gone
             gone = aborted + 3
-            until(lambda: counter(url, "warmpath_requests_aborted_total", 'reason="client"') >= gone
-                  )  # noqa: B023
+            until(lambda: counter(url, "warmpath_requests_aborted_total", 'reason="client"')
+                  >= gone)  # noqa: B023
             none = httpx.post(f"{rurl}/v1/completions",
                               json={**body, "max_tokens": 48, "scope": "none"}, timeout=60).json()
             assert none["choices"][0]["text"] == raw

@@ -139,8 +139,8 @@ def test_round_robin_and_least_load():
     picks = [router.choose(RouteKey("s", "p"), NODES[:3], {}).nodes[0] for _ in range(6)]
     assert picks == NODES[:3] * 2
     router = Router(NODES[:3], "least-load")
-    assert router.choose(RouteKey("s", "p"), NODES[:3], {NODES[0]: 2, NODES[1]: 0, NODES[2]: 1}).nodes == \
-        [NODES[1], NODES[2], NODES[0]]
+    assert (router.choose(RouteKey("s", "p"), NODES[:3], {NODES[0]: 2, NODES[1]: 0, NODES[2]: 1})
+            .nodes == [NODES[1], NODES[2], NODES[0]])
     assert router.choose(RouteKey("s", "p"), [], {}).nodes == []
 
 
@@ -188,8 +188,8 @@ def test_only_complete_answers_are_cacheable():
     assert complete_answer(ok, streamed=False)
     assert not complete_answer(b'{"choices": [{"text": "", "finish_reason": "deadline"}]}',
                                streamed=False)
-    sse = b'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\ndata: {"choices": [{"text": "", ' \
-          b'"finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    sse = (b'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\n'
+           b'data: {"choices": [{"text": "", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
     assert complete_answer(sse, streamed=True)
     assert not complete_answer(sse.replace(b"data: [DONE]\n\n", b""), streamed=True)
     assert not complete_answer(b'data: {"error": {"message": "x"}}\n\n', streamed=True)

@@ -81,8 +81,8 @@ def test_every_protocol_answers_an_unsure_completion_with_its_silence(gated):
         f"{url}/v1/fim/completions",
         json={"model": name, "prompt": CODE, "suffix": SUFFIX, "max_tokens": 64,
               "temperature": 0}, timeout=60).json()
-    assert mistral["choices"][0]["message"]["content"] == "" and mistral["choices"][0]["finish_reason"] == \
-        "low_confidence"
+    assert (mistral["choices"][0]["message"]["content"] == ""
+            and mistral["choices"][0]["finish_reason"] == "low_confidence")
     tabby = httpx.post(f"{url}/v1/completions",
                        json={"language": "python",
                              "segments": {"prefix": CODE, "suffix": SUFFIX}}, timeout=60).json()

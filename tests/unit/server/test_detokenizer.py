@@ -30,7 +30,8 @@ def test_deltas_rebuild_the_text_and_never_split_characters(tok):
     assert all("\ufffd" not in d for d in deltas)
 
 
-@pytest.mark.parametrize("stop,expected", [("return", "def f():\n    "), ("🚀", TEXT.split("🚀")[0]),
+@pytest.mark.parametrize("stop,expected", [("return", "def f():\n    "),
+                                           ("🚀", TEXT.split("🚀")[0]),
                                            ("# d", TEXT.split("# d")[0]), ("zzz", TEXT)])
 def test_stop_strings_cut_and_never_leak(tok, stop, expected):
     det = IncrementalDetokenizer(tok, stop=[stop, "never-there"])

@@ -247,7 +247,8 @@ def test_fim_without_fim_tokens_completes_from_prefix(server):
         f"{url}/v1/completions", json={
             "prompt": CODE, "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8, "temperature": 0
         }, timeout=60).json()
-    assert body["fim_mode"] == "prefix-only" and "print(add(1, 2))" not in body["choices"][0]["text"]
+    assert (body["fim_mode"] == "prefix-only"
+            and "print(add(1, 2))" not in body["choices"][0]["text"])
 
 
 def test_a_prompt_in_another_familys_fim_layout_is_filled_not_continued(server):

@@ -117,7 +117,8 @@ def test_mistral_client_fim_whole_and_streamed(server):
     r = m.fim.complete(model=name, prompt=CODE, suffix=SUFFIX, max_tokens=12, temperature=0)
     assert r.choices[0].message.content == ref["choices"][0]["text"]
     assert r.choices[0].finish_reason == ref["choices"][0]["finish_reason"]
-    assert r.usage.prompt_tokens == ref["usage"]["prompt_tokens"] and r.usage.completion_tokens == 12
+    assert (r.usage.prompt_tokens == ref["usage"]["prompt_tokens"]
+            and r.usage.completion_tokens == 12)
     # the second time round
     assert r.usage.additional_properties["prompt_tokens_details"]["cached_tokens"] > 0
     events = list(m.fim.stream(model=name, prompt=CODE, suffix=SUFFIX, max_tokens=12,

@@ -46,7 +46,8 @@ def drive(schema_url: str, base_url: str, paths=None, max_examples: int = 30) ->
             def run(case):
                 # A deadline bounds generation time for whatever max_tokens the fuzzer picks.
                 resp = case.call(base_url=base_url, headers={"X-Deadline-Ms": "300"}, timeout=60)
-                assert resp.status_code < 500, f"{case.method} {case.path}: {resp.status_code} {resp.text[:300]}"
+                assert resp.status_code < 500, (f"{case.method} {case.path}: {resp.status_code} "
+                                                f"{resp.text[:300]}")
                 checked.append(resp.status_code)
 
             try:

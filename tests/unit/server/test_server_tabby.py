@@ -231,8 +231,8 @@ def test_health_server_setting_and_events(server):
     event = {"type": "view", "completion_id": "cmpl-1", "choice_index": 0, "view_id": "v1"}
     r = httpx.post(f"{url}/v1/events", json=event)
     assert r.status_code == 200 and r.content == b""
-    assert httpx.post(f"{url}/v1/events?select_kind=line", json={**event, "type": "select", "elapsed": 9}) \
-        .status_code == 200
+    assert httpx.post(f"{url}/v1/events?select_kind=line",
+                      json={**event, "type": "select", "elapsed": 9}).status_code == 200
     assert httpx.post(f"{url}/v1/events", json={**event, "type": "scroll"}).status_code == 400
     assert httpx.post(f"{url}/v1/events", json={"type": "view"}).status_code == 422
 

@@ -274,8 +274,8 @@ def test_code_model_profiles_have_the_files_shape_and_a_fit(name):
     # the profile's shape is the file's: the KV bytes and the working buffers the simulator counts
     # follow from it
     assert p.model.kv_bytes_per_token("bfloat16") == got.kv_bytes_per_token("bfloat16")
-    assert (p.model.hidden_size, p.model.intermediate_size, p.model.num_layers, p.model.vocab_size) == \
-        (got.hidden_size, got.intermediate_size, got.num_layers, got.vocab_size)
+    assert ((p.model.hidden_size, p.model.intermediate_size, p.model.num_layers, p.model.vocab_size)
+            == (got.hidden_size, got.intermediate_size, got.num_layers, got.vocab_size))
     # the kernel reads the file's own blocks
     assert p.weight_bytes["q4_k_m"] <= 1.05 * path.stat().st_size
 
