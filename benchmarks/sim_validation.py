@@ -24,7 +24,8 @@ from warmpath.client.editor import ClientConfig
 from warmpath.config import EngineConfig
 from warmpath.engine.engine import Engine
 from warmpath.sim import tokenizer_for
-from warmpath.sim.driver import Driver, RealBackend, SimBackend
+from warmpath.sim.backends import RealBackend, SimBackend
+from warmpath.sim.driver import Driver
 from warmpath.sim.profiles import get_profile
 from warmpath.sim.report import summarize, table
 from warmpath.workloads import make_trace

@@ -9,7 +9,8 @@ import sys
 import time
 import typing
 
-from warmpath.config import EngineConfig, RouterConfig, ServerConfig, field_docs
+from warmpath.config import EngineConfig, RouterConfig, ServerConfig
+from warmpath.config_help import field_docs
 
 
 def add_flags(parser: argparse.ArgumentParser, cls) -> None:

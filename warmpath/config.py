@@ -295,8 +295,7 @@ class RouterConfig(ServiceConfig):
     # A node that stops answering (hung, frozen, cut off without a reset) or leaves the ring: while
     # nothing has reached the client the request fails over; a stream already started ends with the
     # error event.
-    # seconds from sending a streamed request to the node's first event
-    first_byte_timeout: float = 60.0
+    first_byte_timeout: float = 60.0  # seconds from sending a streamed request to its first event
     # seconds for a whole (non-streamed) answer, which comes all at once
     response_timeout: float = 600.0
     idle_timeout: float = 60.0  # seconds between two events of a stream
@@ -368,44 +367,3 @@ class SimConfig:
     # a router replica (one process, one core) planned to this share of its core at peak
     router_busy: float = 0.5
 
-
-def field_docs(cls) -> dict[str, str]:
-    """Each field's comment, the one description of a setting (CLI help reads it): the comment at
-    the end of the field's line, else the comment lines right above it. Inherited fields keep their
-    base class's comment."""
-    import inspect
-    import io
-    import tokenize
-
-    docs: dict[str, str] = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        lines = inspect.getsource(klass).splitlines()
-        above: list[str] = []
-        for tok in tokenize.generate_tokens(io.StringIO("\n".join(lines)).readline):
-            if tok.type == tokenize.COMMENT and lines[tok.start[0] - 1].lstrip().startswith("#"):
-                above.append(tok.string.lstrip("# ").rstrip())
-            elif tok.type == tokenize.NAME and tok.start[1] == 4 and _is_field(
-                    lines[tok.start[0] - 1], tok.string):
-                trailing = _trailing_comment(lines[tok.start[0] - 1])
-                docs[tok.string] = trailing or " ".join(above)
-                above = []
-            elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT,
-                                  tokenize.DEDENT):
-                if tok.start[1] == 4:
-                    above = []
-    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
-
-
-def _is_field(line: str, name: str) -> bool:
-    return line.startswith(f"    {name}:")
-
-
-def _trailing_comment(line: str) -> str:
-    import io
-    import tokenize
-
-    try:
-        toks = list(tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline))
-    except (tokenize.TokenError, IndentationError):
-        return ""
-    return next((t.string.lstrip("# ").rstrip() for t in toks if t.type == tokenize.COMMENT), "")

@@ -4,52 +4,18 @@ Instruct code models seldom emit an end token in a hole: after the missing code 
 the code after the cursor again, repeating lines, leaving the block. An editor that inserts the
 answer as it is (Zed, llama.vim, a raw OpenAI client) inserts all of that, and every token past the
 end of the code is decode time taken from the next keystroke. So the server ends the answer where
-the code ends; each rule cuts before the first line it matches, and the request is aborted there
-(the tokens not generated are the saving):
-
-- line: after typed code on the cursor's line, the answer is the rest of that line, without the code
-  after the cursor written again at its end (and the space before that code), as Copilot and
-  tabby-agent complete; with nothing after the cursor, a line that the answer makes open a block
-  (`:`, `{`, `(`, `[` at its end) goes on into that block when it is empty in the file (the code
-  below is not indented under the line), and ends there; an answer that starts with a newline after
-  a complete line is the next lines, scoped as on a blank line below.
-- suffix: a line equal, indentation and all, to the suffix's first non-blank line or to one of its
-  next SUFFIX_LINES lines (of REPEAT_MIN_CHARS or more): the model reached code that is already
-  there.
-- dedent: a line less indented than the cursor's block (the block of the cursor's line; at the end
-  of a line that opens a block, the block it opens, whose closing bracket line is kept; on a blank
-  line, the block of the first line written).
-- statement (scope "statement" only): inside existing code, the answer is one statement, as
-  Copilot-style completion goes. When the code below the cursor's line is as indented as the
-  answer's first line (the hole sits between statements), a new line as indented (or less) ends it;
-  the lines indented under it, and its closing bracket, are kept. When the code below is more
-  indented, it is the body of the answer's first line, which is then the whole answer. At the end of
-  a block (the code below less indented) the answer may write more statements.
-- repeat: lines that repeat, indentation and all, the lines just before them (a line or a block of
-  up to REPEAT_LINES; one shorter than REPEAT_MIN_CHARS, like `}` or `x += 1`, is cut at its third
-  copy, not its second).
-- gap: a blank line after code: the answer is one group of lines, as tabby's "\n\n" stop and
-  Continue's first blank line end it; not in the body of an empty block (the line above the cursor,
-  or the cursor's line, opens a block with no code under it yet), which may hold blank lines.
-A closing bracket line that the suffix already has (its first line) is never written twice. On a
-blank cursor line the answer's leading blank lines are dropped (and its first line's indentation up
-to the cursor's): it starts on the cursor's line.
-
-Scopes: "auto" (line after typed code, else block), "statement" (line after typed code, else block
-and statement), "line", "block" (suffix, dedent, repeat, gap), "none". On HumanEval infilling
-"statement" scores higher where one line is missing and lower where several are (README, "Where an
-answer ends"). When a line is cut, the answer ends with the line before it, without its newline when
-the suffix starts with one (the cursor at a line's end), so the suffix follows as in the file; with
-its newline when the cursor is at the start of code (inserting lines above it). Text is held back
-only while a rule could still cut it, so an answer still streams token by token. Pure text: a
-ScopeCutter sees the prefix (up to the cursor), the suffix and the answer's text deltas, nothing
-else.
+the code ends; each rule (RULES) cuts before the first line it matches, and the request is aborted
+there (the tokens not generated are the saving). The rules and the scopes, precisely:
+docs/editors.md, "The rules, as the code applies them". Text is held back only while a rule could
+still cut it, so an answer still streams token by token. Pure text: a ScopeCutter sees the prefix
+(up to the cursor), the suffix and the answer's text deltas, nothing else.
 """
 
 from __future__ import annotations
 
 import typing
 
+from warmpath.api.code_lines import CLOSERS, CONTINUES, OPENERS, indent, indent_step, unbalanced
 from warmpath.config import CompletionScope
 
 SCOPES = typing.get_args(CompletionScope)
@@ -57,13 +23,6 @@ RULES = ("line", "suffix", "dedent", "statement", "repeat", "gap", "body")
 REPEAT_LINES = 8  # the longest block whose repetition ends an answer
 SUFFIX_LINES = 5  # the suffix's lines an answer must not write again
 REPEAT_MIN_CHARS = 12  # a block shorter than this can be real code twice, never three times
-OPENERS = (":", "{", "(", "[")  # a line ending in one opens a block
-CLOSERS = ("}", ")", "]")  # a line starting with one at the opener's indent closes it
-# A line ending in one goes on below (a block, a continued expression): its statement is not
-# complete.
-CONTINUES = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", "%", "&", "|", ".")
-
-
 def resolve(scope: str, prefix: str, suffix: str) -> str:
     """The scope a request gets: "auto" and "statement" are "line" after typed code on the cursor's
     line, else "block" and "statement"."""
@@ -73,40 +32,6 @@ def resolve(scope: str, prefix: str, suffix: str) -> str:
         return scope
     typed = prefix[prefix.rfind("\n") + 1:].strip()
     return "line" if typed else "block" if scope == "auto" else "statement"
-
-
-def _unbalanced(line: str) -> int:
-    """Brackets a line leaves unmatched: closers with nothing open, and openers still open at its
-    end."""
-    depth = unmatched = 0
-    for ch in line:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            if depth:
-                depth -= 1
-            else:
-                unmatched += 1
-    return unmatched + depth
-
-
-def _indent_step(text: str) -> int:
-    """The file's indentation step: the commonest increase between consecutive lines with code (4
-    when none)."""
-    steps: dict[int, int] = {}
-    last = None
-    for line in text.split("\n")[-400:]:
-        if line.strip():
-            width = _indent(line)
-            if last is not None and width > last:
-                steps[width - last] = steps.get(width - last, 0) + 1
-            last = width
-    return max(steps, key=lambda k: (steps[k], -k)) if steps else 4
-
-
-def _indent(line: str) -> int:
-    """Leading spaces and tabs, one column each (as llama.cpp's n_indent counts)."""
-    return len(line) - len(line.lstrip(" \t"))
 
 
 class ScopeCutter:
@@ -134,15 +59,15 @@ class ScopeCutter:
         opener = not blank and self.cursor_line.rstrip().endswith(OPENERS)
         # Lines less indented than `base` leave the block; None: set by the first non-blank line
         # written.
-        self.base: int | None = None if blank else _indent(self.cursor_line) + (1 if opener else 0)
-        self.closer_indent = _indent(self.cursor_line) if opener else None
+        self.base: int | None = None if blank else indent(self.cursor_line) + (1 if opener else 0)
+        self.closer_indent = indent(self.cursor_line) if opener else None
         code_below = [line for line in below.split("\n") if line.strip()]
         # Line scope at the end of typed code: a line the answer makes open a block goes on into the
         # block when the block is empty in the file (no code below is indented under the cursor's
         # line).
         self.may_open = scope in (
             "auto", "statement") and resolved == "line" and not self.after and not (
-                code_below and _indent(code_below[0]) > _indent(self.cursor_line))
+                code_below and indent(code_below[0]) > indent(self.cursor_line))
         self.statement = resolved == "statement" or (scope == "statement" and self.may_open)
         # At the end of a complete line (nothing after the cursor, no opener), an answer that starts
         # with a newline is the next lines: scoped as on a blank line below, as tabby-agent's block
@@ -154,14 +79,14 @@ class ScopeCutter:
         # above the cursor opens a block with no code under it yet): a body may hold blank lines.
         above = next((line for line in reversed(prefix.split("\n")[:-1]) if line.strip()), "")
         self.gap_ends = not (blank and above.rstrip().endswith(OPENERS) and not (
-            code_below and _indent(code_below[0]) > _indent(above)))
+            code_below and indent(code_below[0]) > indent(above)))
         # The statement rule's evidence, the indentation of the code under the cursor's line; None:
         # the rule is off.
-        self.below_indent = _indent(code_below[0]) if code_below and self.statement else None
+        self.below_indent = indent(code_below[0]) if code_below and self.statement else None
         # The body rule's: on a blank cursor line, a first line that opens a block whose body is the
         # code below it (one indentation step deeper: the file's own step)
-        self.code_below_indent = _indent(code_below[0]) if code_below and blank else None
-        self.step = _indent_step(prefix)
+        self.code_below_indent = indent(code_below[0]) if code_below and blank else None
+        self.step = indent_step(prefix)
         # The suffix's next lines long enough to be telling: the answer writing one again has
         # reached code that is already there (the model skipped a line of it, or rewrote the one
         # before).
@@ -172,7 +97,7 @@ class ScopeCutter:
         # The statement rule's line: the cursor's (not blank, opening nothing), else the first line
         # written (after an opener: in the block it opens); None until written. Whether it opens a
         # bracket (its closer is kept).
-        self.statement_indent: int | None = None if blank or opener else _indent(self.cursor_line)
+        self.statement_indent: int | None = None if blank or opener else indent(self.cursor_line)
         self.statement_opens: bool | None = None
         self.depth = 0  # brackets the statement's lines left open
         self.text = ""  # the answer so far, cut or not
@@ -217,7 +142,7 @@ class ScopeCutter:
                     self._first_char()
                 elif self.base is None:
                     # a blank cursor line: its first line written sets the block
-                    self.base = self.statement_indent = _indent(self.cursor_line +
+                    self.base = self.statement_indent = indent(self.cursor_line +
                                                                 self._line_text())
             if self.cut:
                 return self._release(self.cut_at)
@@ -258,7 +183,7 @@ class ScopeCutter:
         if self.mode != "block":
             return
         line = self._line_text()
-        width = _indent(line)
+        width = indent(line)
         if self.start == self.line_start and not self.seen:
             # the answer's first line after dropped blank lines
             # ... starts on the cursor's line, at its indentation
@@ -346,21 +271,22 @@ class ScopeCutter:
         below the cursor (the code there is indented under it): that line alone completes the
         code."""
         return self.code_below_indent is not None and line.rstrip().endswith(OPENERS) and \
-            self.code_below_indent == _indent(line) + self.step
+            self.code_below_indent == indent(line) + self.step
 
     def _open_block(self) -> None:
         """Line scope goes on into the empty block the cursor's line opens: its body, then its
         closing line."""
         self.mode, self.gap_ends = "block", False
-        self.base = _indent(self.cursor_line) + 1
-        self.closer_indent = _indent(self.cursor_line)
+        self.base = indent(self.cursor_line) + 1
+        self.closer_indent = indent(self.cursor_line)
         self.statement_indent = None  # the body's first line starts the statement (statement scope)
 
     def _statement_complete(self, line: str) -> bool:
         """Inside existing code, has the answer's statement ended with this line (no line below can
         belong to it)? Its brackets are closed and the line does not go on; when the code below is
         its body, at once."""
-        if self.statement_indent is None or self.below_indent is None or self.below_indent < self.statement_indent:
+        if (self.statement_indent is None or self.below_indent is None
+                or self.below_indent < self.statement_indent):
             return False
         if self.depth > 0:
             return False
@@ -393,7 +319,7 @@ class ScopeCutter:
         cut = len(line) - repeated
         # the repeated text is the file's, unless the line needs it to balance its brackets (`f(g(`
         # + `x)` + `)`)
-        if not repeated or _unbalanced(self.cursor_line + line[:cut] + self.after) > _unbalanced(
+        if not repeated or unbalanced(self.cursor_line + line[:cut] + self.after) > unbalanced(
                 self.cursor_line + line + self.after):
             return end
         return len(line[:cut].rstrip()) if self.space_after else cut

@@ -34,7 +34,7 @@ from warmpath.engine.scheduler import Scheduler, StepBatch
 from warmpath.engine.speculator import Speculator
 from warmpath.engine.step_cost import StepCost
 from warmpath.kernels.build import start_building
-from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
+from warmpath.models.footprint import parse_bytes
 from warmpath.models.kv_cache import allocate_kv_cache, num_kv_blocks
 from warmpath.models.llama import LlamaForCausalLM
 from warmpath.models.loader import load_checkpoint
@@ -62,7 +62,8 @@ class Engine:
         self.tensor_types = ckpt.tensor_types  # the file's quant mix (empty for an HF directory)
         backends = build(config, ckpt, threads)
         self.plan: BackendPlan = backends.plan
-        self.dtype, self.kv_dtype, model, native = backends.dtype, backends.kv_dtype, backends.model, backends.native
+        self.dtype, self.kv_dtype = backends.dtype, backends.kv_dtype
+        model, native = backends.model, backends.native
         if config.gemv_dtype != "none":  # float16 or bfloat16: the config allows no other
             if model is None or self.dtype != torch.float32:
                 raise ValueError(f"gemv_dtype {config.gemv_dtype} needs a float32 torch model; got "
@@ -77,7 +78,7 @@ class Engine:
         self.weight_bytes = (0 if native is None else native.weight_bytes) + (
             0 if model is None else sum(t.numel() * t.element_size()
                                         for t in [*model.parameters(), *_half_copies(model)]))
-        blocks = self._kv_blocks(config)
+        blocks = num_kv_blocks(config, self.model_config, self.kv_dtype, self.weight_bytes)
         # The prefix-cache key names the model: blocks of different models never match.
         self.pool = BlockPool(blocks, config.block_size, config.enable_prefix_caching,
                               config.model.encode())
@@ -135,18 +136,6 @@ class Engine:
             best = min(best, time.perf_counter() - t)
         self.pool.free(blocks)
         return best / tokens
-
-    def _kv_blocks(self, config: EngineConfig) -> int:
-        """num_kv_blocks when given; else what memory_budget leaves beside the resident weights and
-        the largest step's working buffers (models/footprint.py, the simulator's accounting too);
-        else kv_cache_memory."""
-        per_block = self.model_config.kv_bytes_per_token(self.kv_dtype_name) * config.block_size
-        if config.num_kv_blocks or not config.memory_budget:
-            return num_kv_blocks(config, self.model_config, self.kv_dtype)
-        working = working_bytes(self.model_config, config.scheduler.max_num_batched_tokens,
-                                config.scheduler.max_num_seqs)
-        return kv_pool_blocks(parse_bytes(config.memory_budget), self.weight_bytes, working,
-                              per_block)
 
     def close(self) -> None:
         """Finish what is being written to the KV tier (a restart then finds every block)."""

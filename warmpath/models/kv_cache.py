@@ -8,16 +8,25 @@ import numpy as np
 import torch
 
 from warmpath.config import EngineConfig, ModelConfig
+from warmpath.models.footprint import kv_pool_blocks, parse_bytes, working_bytes
 from warmpath.models.kv_quant import row_width
 
 log = logging.getLogger(__name__)
 
 
-def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> int:
-    """Blocks from num_kv_blocks, else from the kv_cache_memory byte budget. Logs what it chose."""
+def num_kv_blocks(engine: EngineConfig, model: ModelConfig, dtype: torch.dtype,
+                  weight_bytes: int = 0) -> int:
+    """Blocks from num_kv_blocks; else what memory_budget leaves beside the resident weights and the
+    largest step's working buffers (models/footprint.py, the simulator's accounting too); else from
+    the kv_cache_memory byte budget. Logs what it chose."""
     per_token = model.kv_bytes_per_token(str(dtype).removeprefix("torch."))
     per_block = per_token * engine.block_size
-    blocks = engine.num_kv_blocks or max(1, engine.kv_cache_memory // per_block)
+    if engine.num_kv_blocks or not engine.memory_budget:
+        blocks = engine.num_kv_blocks or max(1, engine.kv_cache_memory // per_block)
+    else:
+        working = working_bytes(model, engine.scheduler.max_num_batched_tokens,
+                                engine.scheduler.max_num_seqs)
+        blocks = kv_pool_blocks(parse_bytes(engine.memory_budget), weight_bytes, working, per_block)
     tokens = blocks * engine.block_size
     log.info(
         "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %d bytes/token); fits %.1f "

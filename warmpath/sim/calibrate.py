@@ -118,7 +118,8 @@ def traffic_steps(engine: Engine, seconds: float = 90.0) -> list[tuple[StepShape
     from dataclasses import replace
 
     from warmpath.config import ClientConfig
-    from warmpath.sim.driver import Driver, RealBackend
+    from warmpath.sim.backends import RealBackend
+    from warmpath.sim.driver import Driver
     from warmpath.workloads import make_trace
 
     trace = make_trace("editor", 4, seconds, seed=101, rate=20)  # not a seed the validation uses

@@ -15,8 +15,9 @@ from pathlib import Path
 from warmpath.config import KV_ELEMENT_BYTES, ClientConfig, SimConfig
 from warmpath.models.footprint import parse_bytes
 from warmpath.router.policies import POLICIES, Router
+from warmpath.sim.backends import SimBackend
 from warmpath.sim.cost import save_calibration
-from warmpath.sim.driver import Driver, SimBackend
+from warmpath.sim.driver import Driver
 from warmpath.sim.fleet_command import add_fleet_arguments, run_fleet
 from warmpath.sim.profiles import PROFILES, Profile, get_profile
 from warmpath.sim.report import summarize, table

@@ -12,8 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from warmpath.config import ClientConfig, RouterConfig, SimConfig
+from warmpath.sim.backends import SimBackend
 from warmpath.sim.capacity import fewest_nodes
-from warmpath.sim.driver import SimBackend
 from warmpath.sim.fleet import REPLICA_BY, FleetDriver, FleetSpec
 from warmpath.sim.fleet_report import fleet_summary, fleet_table
 from warmpath.sim.profiles import Profile

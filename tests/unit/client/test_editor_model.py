@@ -18,7 +18,8 @@ from warmpath.client import CANCELLED, COMPLETED, DROPPED, ERROR, SHOWN, ClientC
 from warmpath.client.editor import Cancel, EditorSession, Send
 from warmpath.client.outcome import censored_ttft, outcome
 from warmpath.engine.block_pool import BlockPool
-from warmpath.sim.driver import Driver, StepResult
+from warmpath.sim.backends import StepResult
+from warmpath.sim.driver import Driver
 from warmpath.workloads import Trace, editor_document
 
 # Every decision below has >= 150 ms on either side of it, so scheduling jitter cannot flip an

@@ -33,7 +33,8 @@ def test_every_flag_of_every_subcommand_says_what_it_does():
 
 
 def test_serve_and_route_flags_read_their_help_from_the_config_fields_comments():
-    from warmpath.config import EngineConfig, RouterConfig, ServerConfig, field_docs
+    from warmpath.config import EngineConfig, RouterConfig, ServerConfig
+    from warmpath.config_help import field_docs
 
     for cls in (EngineConfig, ServerConfig, RouterConfig):
         docs = field_docs(cls)
@@ -43,7 +44,7 @@ def test_serve_and_route_flags_read_their_help_from_the_config_fields_comments()
     # lines above
     assert field_docs(EngineConfig)["memory_budget"].startswith("One budget for resident weights")
     # its own line's
-    assert field_docs(RouterConfig)["first_byte_timeout"].startswith("seconds from sending")
+    assert field_docs(RouterConfig)["first_byte_timeout"].startswith("seconds from sending a streamed request")
     done = subprocess.run([sys.executable, "-m", "warmpath.cli", "serve", "--help"],
                           capture_output=True, text=True, timeout=120)
     text = " ".join(done.stdout.split())  # argparse wraps lines at the terminal's width

@@ -17,10 +17,11 @@ from warmpath.cli import main
 from warmpath.config import EngineConfig, SchedulerConfig
 from warmpath.engine.engine import Engine
 from warmpath.sim import chunk_tokenizer, simulate
+from warmpath.sim.backends import RealBackend, SimBackend
 from warmpath.sim.calibrate import fit
 from warmpath.sim.capacity import fewest_nodes
 from warmpath.sim.cost import CostModel, StepShape
-from warmpath.sim.driver import Driver, RealBackend, SimBackend
+from warmpath.sim.driver import Driver
 from warmpath.sim.fleet import FAILOVERS, FleetDriver, FleetSpec
 from warmpath.sim.fleet_command import simulate_fleet
 from warmpath.sim.profiles import get_profile
