@@ -147,7 +147,8 @@ def cmd_route(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"routing on http://{cfg.host}:{cfg.port}/v1 ({cfg.policy}) to "
-          f"{', '.join(f'{n.url} [{n.tier}]' for n in app.state.nodes.nodes.values())}", flush=True)
+          f"{', '.join(f'{n.url} [{n.model_tier}]' for n in app.state.nodes.nodes.values())}",
+          flush=True)
     serving.run(app, cfg, args.log_level)
     return 0
 

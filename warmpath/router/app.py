@@ -35,7 +35,7 @@ def _proxy(request: Request) -> Proxy:
 def node_view(n: Node) -> dict:
     load = n.load
     return {
-        "url": n.url, "engine": n.kind, "tier": n.tier, "healthy": n.healthy,
+        "url": n.url, "engine": n.kind, "tier": n.model_tier, "healthy": n.healthy,
         "draining": n.draining, "in_flight": n.in_flight, "models": n.models,
         "reported": {"running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage}
         if load else None
@@ -46,7 +46,7 @@ def node_view(n: Node) -> dict:
 @routes.get("/health")
 async def health(request: Request):
     p = _proxy(request)
-    ok = all(p.nodes.available(t) for t in p.tiers)
+    ok = all(p.nodes.available(t) for t in p.model_tiers)
     body = {
         "status": "ok" if ok else "unavailable",
         "nodes": [node_view(n) for n in p.nodes.nodes.values()]
@@ -100,7 +100,7 @@ async def where(request: Request, session: str, tier: str | None = None):
     """The node this replica would send the session's next request to now (nothing is sent):
     replicas that agree answer the same."""
     p = _admin(request)
-    tier = tier or p.tiers[-1]
+    tier = tier or p.model_tiers[-1]
     if tier not in p.routers:
         raise ApiError(404, f"no tier {tier!r}", param="tier", code="tier_not_found")
     decision = p.routers[tier].choose(RouteKey(session, ""), p.nodes.available(tier),

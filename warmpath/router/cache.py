@@ -30,10 +30,11 @@ class CachedResponse:
     stored: float
 
 
-def cache_key(path: str, body: dict, credential: bytes = b"", tier: str = "default") -> str | None:
+def cache_key(path: str, body: dict, credential: bytes = b"",
+              model_tier: str = "default") -> str | None:
     """None when the request is not deterministic (sampling) and must not be cached. `credential`:
     the client's Authorization header as sent (its hash is part of the key; `cache_salt` is in the
-    body); `tier`: the model tier that answers it."""
+    body); `model_tier`: the model tier that answers it."""
     temperature = body.get("temperature", 1.0)  # the API's default samples
     if not isinstance(temperature, (int, float)) or temperature != 0:
         return None
@@ -42,7 +43,7 @@ def cache_key(path: str, body: dict, credential: bytes = b"", tier: str = "defau
                             for k, v in body.items() if k not in _IGNORED}, sort_keys=True,
                            ensure_ascii=True)
     tenant = hashlib.sha256(b"credential\0" + credential).hexdigest()
-    return hashlib.sha256(f"{tenant}\n{tier}\n{path}\n{canonical}".encode()).hexdigest()
+    return hashlib.sha256(f"{tenant}\n{model_tier}\n{path}\n{canonical}".encode()).hexdigest()
 
 
 class ResponseCache:

@@ -35,7 +35,7 @@ class _NodeCollector(Collector):
         ):
             g = GaugeMetricFamily(name, doc, labels=["node", "tier", "engine"])
             for n in nodes:
-                g.add_metric([n.url, n.tier, n.kind or "unknown"], value(n))
+                g.add_metric([n.url, n.model_tier, n.kind or "unknown"], value(n))
             yield g
         for key in FLEET_COUNTERS:  # under warmpath's names, whatever each engine calls them
             base = f"warmpath_prefix_cache_{key}_tokens"
@@ -88,8 +88,8 @@ class RouterMetrics:
         self.degraded = Counter(
             "warmpath_router_degraded", "Answers that were silence or an error event because "
             "of the fleet (deadline, node lost mid-stream, no node)", ["reason"], registry=r)
-        self.tiers = Counter("warmpath_router_tier_requests", "Requests by model tier",
-                             ["tier", "kind"], registry=r)
+        self.model_tiers = Counter("warmpath_router_tier_requests", "Requests by model tier",
+                                   ["tier", "kind"], registry=r)
         self.session_ids_hashed = Counter(
             "warmpath_router_session_ids_hashed", "Requests whose session id was "
             "longer than --max-session-id-chars: kept as its hash", registry=r)

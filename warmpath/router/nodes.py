@@ -33,7 +33,7 @@ FLEET_COUNTERS = ("queried", "hit")
 @dataclass
 class Node:
     url: str  # base URL, no trailing slash, no /v1
-    tier: str = "default"
+    model_tier: str = "default"  # its model tier (--tier); "default": one pool
     # its engine (router/engines.py); None until detected at the first passing check
     kind: str | None = None
     healthy: bool = False  # until the first check passes
@@ -66,7 +66,7 @@ class Node:
 
 
 def parse_nodes(config: RouterConfig) -> tuple[list[Node], list[str]]:
-    """Nodes with their tier, and the tiers from smallest to largest model."""
+    """Nodes with their model tier, and the model_tiers from smallest to largest model."""
     nodes = [new_node(spec) for spec in config.node or []]
     if config.nodes_file:
         nodes += read_nodes_file(config.nodes_file)
@@ -75,27 +75,27 @@ def parse_nodes(config: RouterConfig) -> tuple[list[Node], list[str]]:
             "give either --node / --nodes-file (one pool) or --tier NAME=URL,... (model tiers), "
             "not both"
         )
-    tiers = []
+    model_tiers = []
     if config.tier:
         for spec in config.tier:
             name, _, members = spec.partition("=")
-            if not name or not members or name in tiers:
+            if not name or not members or name in model_tiers:
                 raise ValueError(
                     f"--tier wants NAME=URL[,URL...] with distinct names, got {spec!r}")
-            tiers.append(name)
-            nodes += [new_node(u, tier=name) for u in members.split(",") if u.strip()]
+            model_tiers.append(name)
+            nodes += [new_node(u, model_tier=name) for u in members.split(",") if u.strip()]
     else:
-        tiers = ["default"]
+        model_tiers = ["default"]
     if not nodes:
         raise ValueError("no nodes: give --node URL (repeated), --nodes-file or --tier")
     if len({n.url for n in nodes}) != len(nodes):
         raise ValueError("a node is listed twice")
-    return nodes, tiers
+    return nodes, model_tiers
 
 
-def new_node(spec: str, tier: str = "default", draining: bool = False) -> Node:
+def new_node(spec: str, model_tier: str = "default", draining: bool = False) -> Node:
     kind, url = split_spec(spec.strip())
-    return Node(base_url(url), tier=tier, kind=kind, draining=draining)
+    return Node(base_url(url), model_tier=model_tier, kind=kind, draining=draining)
 
 
 def read_nodes_file(path: str) -> list[Node]:
@@ -141,10 +141,9 @@ class NodeSet:
         self._file = NodesFileState(_read(nodes_file))
         self._task: asyncio.Task | None = None
 
-    def available(self, tier: str | None = None) -> list[str]:
-        return [
-            u for u, n in self.nodes.items() if n.available and (tier is None or n.tier == tier)
-        ]
+    def available(self, model_tier: str | None = None) -> list[str]:
+        return [u for u, n in self.nodes.items()
+                if n.available and (model_tier is None or n.model_tier == model_tier)]
 
     def loads(self) -> dict[str, float]:
         return {u: node_load(n.in_flight, n.load, self.floor) for u, n in self.nodes.items()}
@@ -182,7 +181,7 @@ class NodeSet:
         self._drop_removed()
         if set(listed) != pool and self.on_members:
             self.on_members(
-                [u for u, n in self.nodes.items() if n.tier == "default" and not n.removed])
+                [u for u, n in self.nodes.items() if n.model_tier == "default" and not n.removed])
         return set(listed) != pool
 
     def _drop_removed(self) -> None:

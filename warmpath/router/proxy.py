@@ -35,12 +35,12 @@ from warmpath.config import RouterConfig
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.forward import forward_headers
 from warmpath.router.metrics import RouterMetrics
+from warmpath.router.model_tiers import LINE, completion_kind
 from warmpath.router.nodes import Node, NodeSet, parse_nodes
 from warmpath.router.policies import RouteKey, Router
 from warmpath.router.reading import Routed, read_request
 from warmpath.router.sending import Send
 from warmpath.router.sessions import SessionLog
-from warmpath.router.tiering import LINE, completion_kind
 from warmpath.router.translate import Collected, Translation, upstream_message
 from warmpath.router.upstream import prepare
 from warmpath.router.watch import Stalled, Watch
@@ -62,12 +62,12 @@ class Proxy:
 
     def __init__(self, config: RouterConfig):
         self.config = config
-        nodes, self.tiers = parse_nodes(config)
+        nodes, self.model_tiers = parse_nodes(config)
         self.routers = {
-            t: Router([n.url for n in nodes if n.tier == t], config.policy, config.load_factor,
-                      config.virtual_nodes, config.prefix_block_chars, config.prefix_index_blocks,
-                      config.affinity_floor)
-            for t in self.tiers
+            t: Router([n.url for n in nodes if n.model_tier == t], config.policy,
+                      config.load_factor, config.virtual_nodes, config.prefix_block_chars,
+                      config.prefix_index_blocks, config.affinity_floor)
+            for t in self.model_tiers
         }
         self.cache = ResponseCache(config.cache_entries, ttl_s=config.cache_ttl)
         self.sessions = SessionLog()
@@ -84,12 +84,12 @@ class Proxy:
         self.nodes = NodeSet(nodes, self.http, config.health_interval, config.health_failures,
                              self.upstream_headers, on_unhealthy=self._forget,
                              floor=config.affinity_floor, nodes_file=config.nodes_file,
-                             on_members=self.routers[self.tiers[0]].set_nodes)
+                             on_members=self.routers[self.model_tiers[0]].set_nodes)
         self.metrics = RouterMetrics(self.nodes, self.routers)
 
     def _forget(self, node: Node) -> None:
         # a node that left may come back empty: its index is stale
-        self.routers[node.tier].forget(node.url)
+        self.routers[node.model_tier].forget(node.url)
 
     async def start(self) -> None:
         await self.nodes.check_all()
@@ -114,7 +114,7 @@ class Proxy:
     async def ask_a_node(self, request: Request, path: str, wire=ollama) -> Response:
         """A metadata request (no routing, no cache): the least loaded available node of the last
         tier answers, to the same method; faults in `wire`'s shape."""
-        available = self.nodes.available(self.tiers[-1])
+        available = self.nodes.available(self.model_tiers[-1])
         meta = Routed(path, b"", None, None, "", "fill", False, None, wire=wire)
         if not available:
             return fault(meta, 503, "no healthy node", "no_healthy_node")
@@ -135,39 +135,40 @@ class Proxy:
                               self.config.max_session_id_chars)
         if routed.session_hashed:  # kept as its hash (api/asgi.py session_key)
             self.metrics.session_ids_hashed.inc()
-        tier = self.tiers[0]
-        if len(self.tiers) > 1:
+        model_tier = self.model_tiers[0]
+        if len(self.model_tiers) > 1:
             body = routed.body or {}
             if routed.ask is not None:  # the same rule on the Ask's limits and suffix
                 path, body = "/v1/completions", {"max_tokens": routed.ask.max_tokens or 10**9,
                                                  "suffix": routed.ask.fill.suffix}
             kind = completion_kind(path, body, request.headers.get("x-completion-kind"),
                                    self.config.line_max_tokens)
-            tier = self.tiers[0] if kind == LINE else self.tiers[-1]
-            self.metrics.tiers.labels(tier, kind).inc()
+            model_tier = self.model_tiers[0] if kind == LINE else self.model_tiers[-1]
+            self.metrics.model_tiers.labels(model_tier, kind).inc()
         if routed.body is not None and self.config.cache_entries > 0 and routed.wire in (
                 None, *CACHEABLE):
-            # per tenant and tier (cache.py); an editor protocol's own default temperature decides
-            # (Tabby's: greedy)
+            # per tenant and model tier (cache.py); an editor protocol's own default temperature
+            # decides (Tabby's: greedy)
             body = routed.body if routed.ask is None else {
                 **routed.body, "temperature": routed.ask.temperature
             }
             routed.key = cache_key(routed.path, body,
-                                   authorization(request.headers).encode("latin-1"), tier)
+                                   authorization(request.headers).encode("latin-1"), model_tier)
         if routed.key is not None:
             hit = self.cache.get(routed.key)
             self.metrics.cache.labels("hit" if hit else "miss").inc()
             if hit:
                 return Response(hit.body, media_type=hit.media_type,
                                 headers={"X-Warmpath-Cache": "hit"})
-        decision = self.routers[tier].choose(RouteKey(routed.session, routed.prompt),
-                                             self.nodes.available(tier), self.nodes.loads())
+        decision = self.routers[model_tier].choose(RouteKey(routed.session, routed.prompt),
+                                                   self.nodes.available(model_tier),
+                                                   self.nodes.loads())
         self.metrics.decisions.labels(self.config.policy, decision.decision).inc()
         if routed.session and decision.nodes:
             self.sessions.note(routed.session, decision.nodes[0], True)
         if not decision.nodes:
             self.metrics.degraded.labels("no_node").inc()
-            where = "" if len(self.tiers) == 1 else " in tier " + tier
+            where = "" if len(self.model_tiers) == 1 else " in tier " + model_tier
             return fault(routed, 503, f"no healthy node{where}", "no_healthy_node")
         return await self.failover(request, routed, decision.nodes)
 
@@ -180,7 +181,7 @@ class Proxy:
             node = self.nodes.nodes.get(url)
             if node is None:  # gone from the nodes file meanwhile
                 continue
-            own_model = len(self.tiers) > 1 and (routed.model is None or
+            own_model = len(self.model_tiers) > 1 and (routed.model is None or
                                                  routed.model in self.model_names())
             path, payload, convert = prepare(node, routed, own_model, self.config.completion_scope)
             if routed.session and attempt:

@@ -196,10 +196,10 @@ def test_bad_input_is_the_nodes_and_the_routers_faults_are_the_protocols(fleet):
 
 
 def test_tiers_send_an_editor_protocols_line_completions_to_the_small_model(fleet):
-    """With model tiers the router applies the line rule (router/tiering.py) to an editor protocol's
-    limits and suffix: a few tokens with the rest of the cursor's line empty or closing brackets go
-    to the small tier; more tokens than --line-max-tokens (llama.vim's default n_predict 128;
-    Tabby's 64), no limit, or code after the cursor on its line go to the large tier.
+    """With model tiers the router applies the line rule (router/model_tiers.py) to an editor
+    protocol's limits and suffix: a few tokens with the rest of the cursor's line empty or closing
+    brackets go to the small tier; more tokens than --line-max-tokens (llama.vim's default n_predict
+    128; Tabby's 64), no limit, or code after the cursor on its line go to the large tier.
     (test_router.py covers OpenAI's /v1/completions and chat.)"""
     small, *large = list(fleet)
     name = httpx.get(f"{small}/v1/models").json()["data"][0]["id"]

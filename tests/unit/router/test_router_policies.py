@@ -9,8 +9,8 @@ import pytest
 
 from warmpath.router.cache import ResponseCache, cache_key, complete_answer
 from warmpath.router.hashing import HashRing, bounded_walk, load_cap
+from warmpath.router.model_tiers import LINE, MULTI, completion_kind
 from warmpath.router.policies import RouteKey, Router, prompt_blocks
-from warmpath.router.tiering import LINE, MULTI, completion_kind
 
 NODES = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
 
