@@ -103,7 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + (f", budget {cfg.memory_budget}" if cfg.memory_budget else "")
           + f"; speculative decoding: {cfg.speculative_method}", flush=True)
     if engine.tier is not None:
-        disk, per_4k = engine.tier.tier, m.kv_bytes_per_token(engine.kv_dtype_name) * 4096
+        disk, per_4k = engine.tier.disk, m.kv_bytes_per_token(engine.kv_dtype_name) * 4096
         print(
             f"KV tier: {disk.dir}, {disk.num_bytes / 2**20:.0f} MiB of this key's; "
             f"{disk.max_bytes / 2**20:.0f} "

@@ -361,7 +361,7 @@ class Engine:
         )
 
     def stats(self) -> dict:
-        s, pool, disk = self.scheduler.stats, self.pool, self.tier.tier if self.tier else None
+        s, pool, disk = self.scheduler.stats, self.pool, self.tier.disk if self.tier else None
         return {
             "prefix_cache_queried_tokens": s.prefix_cache_queried_tokens,
             "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,

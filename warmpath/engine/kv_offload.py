@@ -30,8 +30,8 @@ class KVOffload:
     """A DiskTier over the engine's KV cache tensor [layers, 2, blocks, block_size, kv heads, head
     dim]."""
 
-    def __init__(self, tier: DiskTier, kv_cache: torch.Tensor):
-        self.tier, self.kv = tier, kv_cache
+    def __init__(self, disk: DiskTier, kv_cache: torch.Tensor):
+        self.disk, self.kv = disk, kv_cache
         self.block_shape = kv_cache[:, :, 0].shape
         self.block_bytes = kv_cache[:, :, 0].numel() * kv_cache.element_size()
         # of a block, measured as blocks are read back (the scheduler paces by it)
@@ -44,20 +44,20 @@ class KVOffload:
     def save(self, block: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
         """BlockPool.on_cached: a block just entered the prefix cache is kept in the tier too
         (written off this thread; a block the tier has already is only marked as used)."""
-        if self.tier.has(block_hash):
-            self.tier.touch(block_hash)
+        if self.disk.has(block_hash):
+            self.disk.touch(block_hash)
             return
-        self.tier.put(block_hash, token_ids,
+        self.disk.put(block_hash, token_ids,
                       self.kv[:, :, block].contiguous().view(torch.uint8).numpy().tobytes())
 
     def has(self, block_hash: bytes) -> bool:
-        return self.tier.has(block_hash)
+        return self.disk.has(block_hash)
 
     def restore(self, blocks: list[int], hashes: list[bytes], token_ids: list[tuple[int,
                                                                                     ...]]) -> int:
         t, done = time.perf_counter(), len(blocks)
         for i, (b, h, tokens) in enumerate(zip(blocks, hashes, token_ids, strict=True)):
-            payload = self.tier.read(h, tokens, self.block_bytes)
+            payload = self.disk.read(h, tokens, self.block_bytes)
             if payload is None:
                 done = i
                 break
@@ -69,4 +69,4 @@ class KVOffload:
         return done
 
     def close(self) -> None:
-        self.tier.close()
+        self.disk.close()

@@ -67,7 +67,7 @@ def test_an_evicted_prefix_is_read_back_with_the_same_tokens(tiny_long_dir, tmp_
                                                              reference):
     engine = make(tiny_long_dir, tmp_path)
     assert run(engine, prompt, rid="a") == (reference, 0, 0)
-    engine.tier.tier.flush()
+    engine.tier.disk.flush()
     full = (len(prompt) - 1) // 16 * 16
     # the answer's full blocks too
     assert len(kept_files(tmp_path)) == (len(prompt) + GREEDY.max_tokens - 1) // 16
@@ -152,7 +152,7 @@ def test_a_damaged_file_is_recomputed_never_used(tiny_long_dir, tmp_path, prompt
 def test_a_tenants_blocks_never_serve_another(tiny_long_dir, tmp_path, prompt, reference):
     engine = make(tiny_long_dir, tmp_path)
     run(engine, prompt, salt="team-a", rid="a")
-    engine.tier.tier.flush()
+    engine.tier.disk.flush()
     engine.pool.reset_prefix_cache()
     assert run(engine, prompt, salt="team-b", rid="b") == (reference, 0, 0)
     assert run(engine, prompt, rid="c") == (reference, 0, 0)  # no salt: nobody's either
@@ -170,7 +170,7 @@ def test_a_full_disk_leaves_blocks_in_ram_and_says_so(tiny_long_dir, tmp_path, p
     monkeypatch.setattr(kv_tier, "write_atomic", no_space)
     engine = make(tiny_long_dir, tmp_path)
     assert run(engine, prompt, rid="a") == (reference, 0, 0)
-    engine.tier.tier.flush()
+    engine.tier.disk.flush()
     assert engine.stats()["kv_tier_write_errors"] > 0 and kept_files(tmp_path) == []
     assert "cannot write" in caplog.text
     full = (len(prompt) - 1) // 16 * 16
@@ -278,7 +278,7 @@ def test_a_disk_that_cannot_keep_up_drops_blocks_never_the_step(tiny_long_dir, t
         stats = engine.stats()
         assert stats["kv_tier_queued_bytes"] == 3 * block_bytes
         assert stats["kv_tier_dropped"] == cached - 3 and kept_files(tmp_path) == []
-    engine.tier.tier.flush()
+    engine.tier.disk.flush()
     assert len(kept_files(tmp_path)) == 3 and engine.stats()["kv_tier_queued_bytes"] == 0
     engine.close()
 
