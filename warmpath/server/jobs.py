@@ -29,6 +29,7 @@ from warmpath.server.confidence import UNSURE, Gate
 from warmpath.server.detokenizer import IncrementalDetokenizer
 from warmpath.server.metrics import Metrics
 from warmpath.server.tenancy import Tenancy
+from warmpath.server.type_through import TypedThrough
 
 _FINISH = {
     FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.DEADLINE: "deadline",
@@ -75,6 +76,8 @@ class Job:
     warmup: bool = False  # only fill the prefix cache: the one token generated is not reported
     newline: bool = False  # a newline has been generated (before any cutter held it back)
     truncated: bool = False  # repository context or prefix was left out to fit the context
+    # answered from the session's last answer (type_through.py): its prompt's tokens, none computed
+    typed_prompt_tokens: int | None = None
 
     @property
     def request_id(self) -> str:
@@ -92,15 +95,20 @@ class Job:
     def silent(self) -> bool:
         return self.finish_reason in SILENT
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids) if self.typed_prompt_tokens is None else \
+            self.typed_prompt_tokens
+
     def usage(self) -> dict:
-        return usage(len(self.prompt_ids), self.num_generated, self.num_cached, self.num_tier)
+        return usage(self.num_prompt_tokens, self.num_generated, self.num_cached, self.num_tier)
 
     def outcome(self) -> Outcome:
         """The job's answer as every protocol reports it (each protocol's answer is silence when it
         is late or refused: Outcome.silent)."""
         now, first = time.monotonic(), self.first_token
         return Outcome(text=self.echo + self.text, finish=self.finish_reason or "abort",
-                       prompt_tokens=len(self.prompt_ids), cached_tokens=self.num_cached,
+                       prompt_tokens=self.num_prompt_tokens, cached_tokens=self.num_cached,
                        generated_tokens=0 if self.warmup else self.num_generated,
                        prompt_s=(first or now) - self.received,
                        predict_s=now - first if first else 0.0, truncated=self.truncated,
@@ -184,6 +192,23 @@ class JobRunner:
         return Job(request, ask.kind, list(ask.stop), received,
                    num_tier=None if self.engine.tier is None else 0, logprobs_asked=ask.num_logprobs
                    is not None)
+
+    def typed_through(self, ask: Ask, hit: TypedThrough, received: float) -> Job:
+        """A finished job whose answer is the rest of the session's last one: no engine request."""
+        count = self.engine.tokenizer.encode
+        prompt = hit.last.prompt_tokens + len(count(hit.typed, add_bos=False))
+        job = Job(EngineRequest(new_id(ask.kind[:4]), [], SamplingParams()), ask.kind, [],
+                  received, fim_mode=hit.last.fim_mode, text=hit.rest,
+                  num_generated=len(count(hit.rest, add_bos=False)), num_cached=prompt,
+                  num_tier=None if self.engine.tier is None else 0,
+                  finish_reason=hit.last.finish, first_token=time.monotonic(),
+                  typed_prompt_tokens=prompt)
+        if hit.last.confidence is not None:
+            job.gate = Gate(0.0, value=hit.last.confidence, passed=True)
+        job.recorded = True  # counted here, not as a generation
+        self.metrics.requests.labels(job.finish_reason).inc()
+        self.metrics.typed_through.inc()
+        return job
 
     def start(self, job: Job) -> None:
         """Submit the job, before its answer starts: ApiError 400 if the engine can never run it,

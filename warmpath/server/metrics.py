@@ -137,6 +137,9 @@ class Metrics:
                                ["reason"], registry=r)
         for reason in ("client", "deadline", "overloaded", "low_confidence"):
             self.aborted.labels(reason)
+        self.typed_through = Counter("warmpath_typed_through", "Requests answered with the rest "
+                                     "of their session's last answer, which the developer typed "
+                                     "into (no model step)", registry=r)
         self.session_ids_hashed = Counter(
             "warmpath_session_ids_hashed", "Requests whose session id was longer "
             "than --max-session-id-chars: kept as its hash", registry=r)

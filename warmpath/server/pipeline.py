@@ -46,6 +46,9 @@ class Pipeline:
                 self.served.check_model(ask.model)
             if ask.options.get("load_only"):  # Ollama: an empty prompt only loads the model
                 return answers.idle("load")
+            typed = self.typed_through(ask, request, received)
+            if typed is not None:
+                return self.answer(typed, ask, answers)
             job = await self.job(ask, request, received)
             if job is None:  # a warm-up with nothing to compute
                 return answers.idle("length")
@@ -137,6 +140,41 @@ class Pipeline:
             if job.params.logprobs is None:
                 job.params.logprobs = 0
 
+    def typed_through(self, ask: Ask, request: Request, received: float) -> Job | None:
+        """A finished job when the request only types into the session's last answer
+        (type_through.py), else None."""
+        s = self.served
+        session = self.suggestion_key(ask, request)
+        hit = s.suggestions.match(session, ask)
+        if hit is None:
+            return None
+        job = s.runner.typed_through(ask, hit, received)
+        self.remember(job, ask, request)  # typing on goes on through what is left
+        return job
+
+    def suggestion_key(self, ask: Ask, request: Request) -> str:
+        """Whose last answer: the session's, else the tenant's (editors that send no session id:
+        a developer's own key, or a local server's one user)."""
+        t = self.served.tenancy(ask, request)
+        return t.session or f"tenant {t.tenant}"
+
+    def remember(self, job: Job, ask: Ask, request: Request) -> None:
+        self.served.suggestions.remember(self.suggestion_key(ask, request), ask, job.text,
+                                         job.finish_reason or "abort", job.num_prompt_tokens,
+                                         job.confidence, job.fim_mode)
+
+    def answer(self, job: Job, ask: Ask, answers: Answers) -> Response:
+        """A finished job's answer, whole or as a stream of one piece."""
+        if not ask.stream:
+            return answers.whole(job)
+
+        async def events():
+            yield answers.event(job, job.text)
+            for event in answers.end(job):
+                yield event
+
+        return StreamingResponse(events(), media_type=answers.media, headers=SSE_HEADERS)
+
     # -- job → answer ------------------------------------------------------------------------------
     async def respond(self, job: Job, ask: Ask, answers: Answers, request: Request) -> Response:
         """The job's answer; one the engine refuses is a 400 before any answer starts, one that
@@ -147,8 +185,8 @@ class Pipeline:
             # The background task runs when the response is done, also when the client left before
             # the stream started (the stream's own cleanup never ran then): the job is counted as
             # the client's abort.
-            return StreamingResponse(self._stream(job, answers), media_type=answers.media,
-                                     headers=SSE_HEADERS,
+            return StreamingResponse(self._stream(job, ask, answers, request),
+                                     media_type=answers.media, headers=SSE_HEADERS,
                                      background=BackgroundTask(runner.end, job))
         try:  # not streamed: watch for the client going away while we compute
             await unless_disconnected(request, runner.collect(job))
@@ -158,14 +196,16 @@ class Pipeline:
             raise ApiError(503, str(e), "server_error", code="engine_dead") from None
         finally:
             runner.end(job)  # also when the collecting stopped before it began
+        self.remember(job, ask, request)
         return answers.whole(job)
 
-    async def _stream(self, job: Job, answers: Answers):
+    async def _stream(self, job: Job, ask: Ask, answers: Answers, request: Request):
         try:
             async for delta in self.served.runner.run(job):
                 yield answers.event(job, delta)
         except EngineDeadError as e:
             yield answers.broken(str(e))
             return
+        self.remember(job, ask, request)  # streamed to its end
         for event in answers.end(job):
             yield event

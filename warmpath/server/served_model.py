@@ -18,6 +18,7 @@ from warmpath.server.logprobs import LogprobFormatter
 from warmpath.server.metrics import Metrics
 from warmpath.server.prompt_fitter import PromptFitter
 from warmpath.server.tenancy import Tenancy, tenancy
+from warmpath.server.type_through import Suggestions
 
 
 class ServedModel:
@@ -37,6 +38,7 @@ class ServedModel:
         self.async_engine = AsyncEngine(engine)
         self.metrics = Metrics(lambda: self.async_engine.snapshot.stats)
         self.runner = JobRunner(engine, self.async_engine, self.metrics, self.fim)
+        self.suggestions = Suggestions()  # each session's last answer, to type through
         self.logprob_format = LogprobFormatter(tok)
         self.model_name = config.served_model_name or engine.config.model
         # a bundled model is served by its Ollama `name:tag` too
