@@ -86,6 +86,8 @@ def summarize(run: RunResult, slo: SLO) -> dict:
     d = delta(run.metrics_before, run.metrics_after)
     out["server"] = d
     out["wasted_tokens"] = d.get("wasted_tokens")
+    if "typed_through" in d and recs:  # requests that typed into the last suggestion
+        out["typed_through_share"] = d["typed_through"] / len(recs)
     if d.get("prefix_queried_tokens"):
         # a prompt token not computed is a hit, whether the RAM pool held it or the KV tier gave it
         # back
@@ -153,6 +155,7 @@ ROWS = [  # label, summary path, unit, which way is better ("" = neither)
     ("requests/s answered", "request_throughput", "f", "higher"),
     ("tokens/s received", "token_throughput", "f", "higher"),
     ("wasted tokens (server)", "wasted_tokens", "n", "lower"),
+    ("typed through a suggestion", "typed_through_share", "%", ""),
     ("prefix-cache hit rate", "prefix_hit_rate", "%", "higher"),
     ("prompt tokens computed p50", "computed_prompt_tokens.p50", "n", "lower"),
     ("prompt tokens computed p90", "computed_prompt_tokens.p90", "n", "lower"),

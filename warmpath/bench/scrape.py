@@ -24,6 +24,8 @@ COUNTERS = {
     "generation_tokens": ("warmpath_generation_tokens_total", "vllm:generation_tokens_total"),
     "preemptions": ("warmpath_preemptions_total", "vllm:num_preemptions_total"),
     "evictions": ("warmpath_kv_cache_evictions_total", ),
+    # answered with the rest of the last answer (server/type_through.py)
+    "typed_through": ("warmpath_typed_through_total", ),
 }
 LABELLED = {
     "aborted_client": ("warmpath_requests_aborted_total", "reason", "client"),
