@@ -8,8 +8,7 @@ anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33); the 
 against the default bf16 one (issue 30: `--configs default,kv-int8`); the FIM suffix cut to its
 first lines (issue 33: `--configs suffix-all,suffix-32,...`, `--fim-suffix-tokens`).
 
-    python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out
-    benchmarks/results/...]
+    python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
 """
 
 from __future__ import annotations

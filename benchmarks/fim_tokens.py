@@ -4,8 +4,7 @@ the server renders it, and the tokens after the longest block-aligned prefix it 
 developer's previous prompt counted, as a prefix cache of 16-token blocks that evicts nothing would
 compute them. No server: the layouts' own cost, exactly.
 
-    python benchmarks/fim_tokens.py --model qwen2.5-coder-0.5b [--developers 4 --duration 120 --rate
-    30 --seed 3]
+    python benchmarks/fim_tokens.py --model qwen2.5-coder-0.5b [--developers 4 --duration 120 --rate 30 --seed 3]
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ types again (20 new tokens); and the same after `warmpath serve` restarts. Tier 
 same windows of real code, each server alone with every core, its RAM pool sized so one other
 2,000-token-plus file evicts the first.
 
-    python benchmarks/kv_tier.py --model qwen2.5-coder-1.5b [--out
-    benchmarks/results/kv_tier_....json]
+    python benchmarks/kv_tier.py --model qwen2.5-coder-1.5b [--out benchmarks/results/kv_tier_....json]
 """
 
 from __future__ import annotations

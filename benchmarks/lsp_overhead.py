@@ -4,8 +4,7 @@ request sent straight to the server over HTTP (the same body, streamed the same 
 of its own as the language server's is), on one `warmpath serve`, alternating which goes first at
 each keystroke so both see the same warm prefix cache.
 
-    python benchmarks/lsp_overhead.py --model qwen2.5-coder-0.5b [--keys 60] [--out
-    benchmarks/results/...]
+    python benchmarks/lsp_overhead.py --model qwen2.5-coder-0.5b [--keys 60] [--out benchmarks/results/...]
 """
 
 from __future__ import annotations

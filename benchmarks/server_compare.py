@@ -8,9 +8,8 @@ unified KV buffer, slots for 16); warmpath as `warmpath serve` ships, plus its d
 speculation off (the row that compares the kernels); `--systems warmpath,kv-int8,llama.cpp` adds the
 int8 KV cache (issue 30).
 
-    python benchmarks/baselines/llama_server.py install       # once python
-    benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] [--out
-    ...]
+    python benchmarks/baselines/llama_server.py install       # once
+    python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] [--out ...]
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ profile's model, wall clock) and through the simulator (the engine's scheduler a
 profile's calibrated cost model, virtual clock), with the same client behaviour (debounce, cancel on
 keystroke, client deadline).
 
-    python benchmarks/sim_validation.py [--profile cpu-smollm2 --developers 4 --duration 240 --rate
-    20
+    python benchmarks/sim_validation.py [--profile cpu-smollm2 --developers 4 --duration 240 --rate 20
                                          --deadline-ms 3000]
 
 Goal (issue #8): prefix hit rate within 2 points, editor TTFT p50 within 25%. The client deadline is

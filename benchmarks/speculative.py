@@ -9,8 +9,7 @@ Rows: `edit` (warmpath/edit_workload.py: rewrite a real function with one small 
 compute-bound, speculation must not cost).
 
     python benchmarks/speculative.py [--method ngram|suffix] [--edits 6 --agent-turns 6 --free 4]
-    python benchmarks/speculative.py --model qwen2.5-coder-1.5b --method draft --draft-model
-    qwen2.5-coder-0.5b
+    python benchmarks/speculative.py --model qwen2.5-coder-1.5b --method draft --draft-model qwen2.5-coder-0.5b
 """
 
 from __future__ import annotations
