@@ -46,8 +46,8 @@ def _tpot_sum_count(url: str) -> tuple[float, float]:
     text = httpx.get(f"{url}/metrics").text
     value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
              if line.startswith("warmpath_time_per")}
-    return value["warmpath_time_per_output_token_seconds_sum"], value[
-        "warmpath_time_per_output_token_seconds_count"]
+    return (value["warmpath_time_per_output_token_seconds_sum"],
+            value["warmpath_time_per_output_token_seconds_count"])
 
 
 async def served_decode_tps(url: str, prompt: list[int]) -> tuple[float, float]:

@@ -20,8 +20,9 @@ def check_pool_invariants(engine: Engine) -> None:
     free = set(pool.free_queue)
     assert len(free) == len(pool.free_queue)
     for b in range(pool.num_blocks):
-        assert pool.ref_counts[b] == holders[
-            b], f"block {b}: ref {pool.ref_counts[b]} != holders {holders[b]}"
+        assert pool.ref_counts[b] == holders[b], (
+            f"block {b}: ref {pool.ref_counts[b]} != holders {holders[b]}"
+        )
         assert (b in free) == (holders[b] == 0), f"block {b} free={b in free} held by {holders[b]}"
     for h, b in pool.cached.items():
         assert pool.block_meta[b] is not None and pool.block_meta[b].block_hash == h

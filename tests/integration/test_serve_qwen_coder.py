@@ -65,8 +65,10 @@ def test_the_same_greedy_middle_cold_and_warm_with_repo_context_cached(served):
     warm = completion(served, prompt=PREFIX, suffix=SUFFIX, extra=extra, user="carol")
     # The same text cold and warm (which middle the model picks with lucas() beside it is a quality
     # question: `warmpath eval` measures that; the first test checks the middle of every protocol).
-    assert warm["choices"][0]["text"] == cold["choices"][0]["text"] and cold["choices"][0][
-        "text"].strip()
+    assert (
+        warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        and cold["choices"][0]["text"].strip()
+    )
     prompt_tokens = cold["usage"]["prompt_tokens"]
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens - 16
     # a keystroke
@@ -164,8 +166,11 @@ def test_a_restarted_server_reads_the_prefix_back_from_the_kv_tier_and_answers_t
     assert back["choices"][0]["text"] == cold["choices"][0]["text"] and has_middle(
         back["choices"][0]["text"])
     details = back["usage"]["prompt_tokens_details"]
-    assert details["tier_cached_tokens"] == details[
-        "cached_tokens"] >= back["usage"]["prompt_tokens"] - 32
+    assert (
+        details["tier_cached_tokens"]
+        == details["cached_tokens"]
+        >= back["usage"]["prompt_tokens"] - 32
+    )
     assert cold["usage"]["prompt_tokens_details"]["tier_cached_tokens"] == 0
     tier_hits = next(line for line in metrics.splitlines()
                      if line.startswith("warmpath_prefix_cache_tier_hit_tokens"))

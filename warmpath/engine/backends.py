@@ -96,8 +96,9 @@ def build(config: EngineConfig, ckpt, threads: int) -> Backends:
         if named:
             # a configuration named by dtype leaves the attention to the kernel (bf16 where it pays)
             options["attention"] = "auto"
-        elif kv_dtype == torch.int8 and options[
-                "attention"] == "bf16" and config.plan != plan.native:
+        elif (
+            kv_dtype == torch.int8 and options["attention"] == "bf16" and config.plan != plan.native
+        ):
             log.info(
                 "int8 KV cache: the plan's native attention computes in fp32 (bf16's reads a bf16 "
                 "cache)"

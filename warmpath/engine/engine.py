@@ -336,8 +336,8 @@ class Engine:
 
     def _output(self, req: Request) -> RequestOutput:
         new = req.output_token_ids[req.num_sent_tokens :]
-        new_logprobs = req.output_logprobs[
-            req.num_sent_tokens:] if req.params.logprobs is not None else None
+        new_logprobs = (req.output_logprobs[req.num_sent_tokens:]
+                        if req.params.logprobs is not None else None)
         req.num_sent_tokens = len(req.output_token_ids)
         text = ""
         if req.finished:

@@ -157,8 +157,11 @@ class Parsed:
         """Per row, the character offsets where a leaf token ends (a one-line leaf)."""
         ends: dict[int, list[int]] = {}
         for node in self.nodes():
-            if node.child_count == 0 and node.start_point[0] == node.end_point[
-                    0] and node.end_byte > node.start_byte:
+            if (
+                node.child_count == 0
+                and node.start_point[0] == node.end_point[0]
+                and node.end_byte > node.start_byte
+            ):
                 ends.setdefault(node.start_point[0], []).append(self.offset(node.end_byte))
         return ends
 
@@ -207,8 +210,12 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
             if node.type != call:
                 continue
             a = node.child_by_field_name("arguments")
-            if a is None or a.type != args or a.start_point[0] != a.end_point[
-                    0] or a.child_count < 3:
+            if (
+                a is None
+                or a.type != args
+                or a.start_point[0] != a.end_point[0]
+                or a.child_count < 3
+            ):
                 continue
             start, end = p.offset(a.start_byte) + 1, p.offset(a.end_byte) - 1
             inner = p.text[start:end]
@@ -228,8 +235,11 @@ def _candidates(p: Parsed, kind: str) -> list[tuple[int, int]]:
             first, last = body[0].start_point[0], body[-1].end_point[0]
             # the row of the line that opens the block (Python's block starts at its first
             # statement)
-            opens = node.parent.start_point[
-                0] if lang == "python" and node.parent is not None else node.start_point[0]
+            opens = (
+                node.parent.start_point[0]
+                if lang == "python" and node.parent is not None
+                else node.start_point[0]
+            )
             closes_after = lang == "python" or node.end_point[0] > last
             if not closes_after or first <= opens or not 2 <= last - first + 1 <= 8:
                 continue

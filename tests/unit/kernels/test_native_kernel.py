@@ -147,8 +147,10 @@ def test_gguf_blocks_are_kept_and_decode_to_the_loaded_weights(tmp_path):
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
     ckpt = load_checkpoint(str(path), torch.float32)
     kinds = {name: q.kind for name, q in ckpt.quantized.items()}
-    assert kinds["model.embed_tokens.weight"] == "q8_0" and kinds[
-        "model.layers.0.mlp.gate_proj.weight"] == "q4_1"
+    assert (
+        kinds["model.embed_tokens.weight"] == "q8_0"
+        and kinds["model.layers.0.mlp.gate_proj.weight"] == "q4_1"
+    )
     # as the file has it (models/kernel_blocks.py)
     assert kinds["model.layers.0.mlp.down_proj.weight"] == "q4_0"
     for name, q in ckpt.quantized.items():

@@ -194,10 +194,14 @@ def test_a_whole_answer_from_an_engine_that_aborts_only_streams_is_streamed_and_
     direct_chat = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).json()
     with router(node=[f"llamacpp={url}"], cache_entries=0) as (rurl, _):
         via = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60).json()
-        assert via["object"] == "text_completion" and via["choices"][0]["text"] == direct[
-            "choices"][0]["text"]
-        assert via["choices"][0]["finish_reason"] == "length" and via["usage"][
-            "completion_tokens"] == 7
+        assert (
+            via["object"] == "text_completion"
+            and via["choices"][0]["text"] == direct["choices"][0]["text"]
+        )
+        assert (
+            via["choices"][0]["finish_reason"] == "length"
+            and via["usage"]["completion_tokens"] == 7
+        )
         via_chat = httpx.post(f"{rurl}/v1/chat/completions", json=chat, timeout=60).json()
         assert via_chat["choices"][0]["message"] == direct_chat["choices"][0]["message"]
         # past the deadline: silence, and the node stopped (the stream was closed)
@@ -217,10 +221,11 @@ def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_rou
     engines: tests/fleet/test_engines.py.)"""
     url = next(iter(fleet))
     prefix, suffix = "def add(a,", " b):\n    return a + b\n"  # mid-line: the rest of the line
-    raw = httpx.post(f"{url}/v1/completions",
-                     json={"prompt": prefix, "max_tokens": 48,
-                           "temperature": 0}, timeout=60).json()["choices"][0][
-                               "text"]  # the plain prompt the router renders (no FIM tokens)
+    raw = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": prefix, "max_tokens": 48, "temperature": 0},
+        timeout=60,
+    ).json()["choices"][0]["text"]  # the plain prompt the router renders (no FIM tokens)
     scope = ScopeCutter(prefix, suffix)
     want = scope.feed(raw)
     assert scope.cut and want != raw
@@ -234,8 +239,10 @@ def test_an_engine_without_a_completion_scope_has_its_fim_answers_cut_by_the_rou
         with router(node=[f"{engine}={url}"], cache_entries=0) as (rurl, _):
             aborted = counter(url, "warmpath_requests_aborted_total", 'reason="client"')
             whole = httpx.post(f"{rurl}/v1/completions", json=body, timeout=60).json()
-            assert whole["choices"][0]["text"] == want and whole["choices"][0][
-                "finish_reason"] == "stop"
+            assert (
+                whole["choices"][0]["text"] == want
+                and whole["choices"][0]["finish_reason"] == "stop"
+            )
             with httpx.stream("POST", f"{rurl}/v1/completions", json={**body, "stream": True},
                               timeout=60) as r:
                 chunks = [

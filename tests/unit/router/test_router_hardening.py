@@ -155,8 +155,11 @@ def test_a_frozen_node_fails_over_what_it_has_not_started_and_ends_what_it_has(
                 # unseen
                 t = time.monotonic()
                 r = complete(rurl, CODE, dev, stream=True)
-                assert r.status_code == 200 and r.headers[
-                    "x-warmpath-node"] != node and "error" not in r.text
+                assert (
+                    r.status_code == 200
+                    and r.headers["x-warmpath-node"] != node
+                    and "error" not in r.text
+                )
                 assert time.monotonic() - t < 10, time.monotonic() - t
                 assert counter(rurl, "warmpath_router_failovers_total", f'node="{node}"') == 1
             os.kill(proc.pid, signal.SIGCONT)

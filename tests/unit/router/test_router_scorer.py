@@ -250,13 +250,18 @@ def test_fim_is_rendered_for_an_engine_that_rejects_suffix():
     assert sent["prompt"] == (
         "<|file_sep|>a.py\nA = 1\n<|file_sep|>b.py\nB = 2\n<|file_sep|>\n<|fim_prefix|>"
         "def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>")
-    assert sent["stop"][0] == "\n\n" and "<|fim_pad|>" in sent["stop"] and "<|file_sep|>" in sent[
-        "stop"]
+    assert (
+        sent["stop"][0] == "\n\n"
+        and "<|fim_pad|>" in sent["stop"]
+        and "<|file_sep|>" in sent["stop"]
+    )
     assert sent["skip_special_tokens"] is False
     # a model of no known family (SmolLM2): the prefix alone, its repository context first
     plain = json.loads(request_body(_vllm("smollm2"), body, raw, own_model=False))
-    assert plain["prompt"] == "a.py\nA = 1\nb.py\nB = 2\ndef add(a, b):\n    " and plain[
-        "stop"] == "\n\n"
+    assert (
+        plain["prompt"] == "a.py\nA = 1\nb.py\nB = 2\ndef add(a, b):\n    "
+        and plain["stop"] == "\n\n"
+    )
     # a warmpath node takes suffix itself: the client's bytes, untouched
     assert request_body(Node("http://n:1", kind="warmpath"), body, raw, own_model=False) is raw
     # llama.cpp: its session hint, unless the client set it

@@ -57,8 +57,10 @@ def test_every_protocol_answers_an_unsure_completion_with_its_silence(gated):
             "prompt": "def add(a,", "suffix": " b):\n", "max_tokens": 64, "temperature": 0,
             "scope": "none"
         }, timeout=60).json()
-    assert r["choices"][0]["finish_reason"] == "low_confidence" and r["usage"][
-        "completion_tokens"] <= 12
+    assert (
+        r["choices"][0]["finish_reason"] == "low_confidence"
+        and r["usage"]["completion_tokens"] <= 12
+    )
     with httpx.stream(
             "POST", f"{url}/v1/completions", json={
                 "prompt": CODE, "suffix": SUFFIX, "max_tokens": 64, "temperature": 0, "stream": True
@@ -86,8 +88,10 @@ def test_every_protocol_answers_an_unsure_completion_with_its_silence(gated):
     tabby = httpx.post(f"{url}/v1/completions",
                        json={"language": "python",
                              "segments": {"prefix": CODE, "suffix": SUFFIX}}, timeout=60).json()
-    assert tabby["choices"][0]["text"] == "" and tabby["choices"][0][
-        "finish_reason"] == "low_confidence"
+    assert (
+        tabby["choices"][0]["text"] == ""
+        and tabby["choices"][0]["finish_reason"] == "low_confidence"
+    )
     assert counter(url, "warmpath_requests_aborted_total",
                    'reason="low_confidence"') == silenced + 7
 

@@ -196,8 +196,11 @@ def test_an_overloaded_refusal_warms_its_sessions_prompt(server):
     again = httpx.post(f"{url}/v1/completions", timeout=60,
                        json={**mine, "max_tokens": 1, "temperature": 0}).json()
     prompt_tokens = again["usage"]["prompt_tokens"]
-    assert again["usage"]["prompt_tokens_details"][
-        "cached_tokens"] >= prompt_tokens // 16 * 16 - 16 > 0
+    assert (
+        again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= prompt_tokens // 16 * 16 - 16
+        > 0
+    )
 
 
 @pytest.mark.parametrize("payload,status", BAD)
@@ -233,8 +236,10 @@ def test_session_turns_hit_the_prefix_cache(server):
         body = httpx.post(f"{url}/v1/completions",
                           json={"prompt": prompt, "max_tokens": 4, "temperature": 0},
                           headers={"X-Session-Id": "dev-1"}, timeout=60).json()
-        cached, n = body["usage"]["prompt_tokens_details"]["cached_tokens"], body["usage"][
-            "prompt_tokens"]
+        cached, n = (
+            body["usage"]["prompt_tokens_details"]["cached_tokens"],
+            body["usage"]["prompt_tokens"],
+        )
         if last_len is not None:
             assert last_len - 16 <= cached <= n  # the whole previous prompt, to a block
         last_len = n
@@ -264,8 +269,9 @@ def test_a_prompt_in_another_familys_fim_layout_is_filled_not_continued(server):
         f"{url}/v1/completions", json={
             "prompt": CODE, "suffix": "\n\nprint(add(1, 2))\n", "max_tokens": 8, "temperature": 0
         }, timeout=60).json()
-    assert got[
-        "fim_mode"] == "prefix-only; the prompt's starcoder markers read as prefix and suffix"
+    assert (
+        got["fim_mode"] == "prefix-only; the prompt's starcoder markers read as prefix and suffix"
+    )
     assert got["choices"][0]["text"] == plain["choices"][0]["text"]
     assert got["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
 

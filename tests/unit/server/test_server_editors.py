@@ -42,10 +42,15 @@ def test_ollama_client_lists_shows_and_fills_in_the_middle(server):
     ref = greedy(url, CODE, SUFFIX)
     r = c.generate(model=name, prompt=CODE, suffix=SUFFIX,
                    options={"num_predict": 12, "temperature": 0})
-    assert r.done and r.response == ref["choices"][0]["text"] and r.done_reason == ref["choices"][
-        0]["finish_reason"]
-    assert r.prompt_eval_count == ref["usage"]["prompt_tokens"] and r.eval_count == ref["usage"][
-        "completion_tokens"]
+    assert (
+        r.done
+        and r.response == ref["choices"][0]["text"]
+        and r.done_reason == ref["choices"][0]["finish_reason"]
+    )
+    assert (
+        r.prompt_eval_count == ref["usage"]["prompt_tokens"]
+        and r.eval_count == ref["usage"]["completion_tokens"]
+    )
     assert r.total_duration >= r.prompt_eval_duration > 0 and r.eval_duration > 0  # nanoseconds
     parts = list(c.generate(model=f"{name}:latest", prompt=CODE, suffix=SUFFIX, stream=True,
                             options={"num_predict": 12, "temperature": 0}))

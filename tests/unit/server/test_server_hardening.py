@@ -333,8 +333,11 @@ def test_logprobs_stop_where_a_stop_string_cuts_the_text(server):
     url, _ = server
     body = {"prompt": CODE, "max_tokens": 12, "temperature": 0, "logprobs": 1}
     full = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
-    tokens, offsets, text = full["logprobs"]["tokens"], full["logprobs"]["text_offset"], full[
-        "text"]
+    tokens, offsets, text = (
+        full["logprobs"]["tokens"],
+        full["logprobs"]["text_offset"],
+        full["text"],
+    )
     # a stop string over two tokens that first appears where token k starts: the answer is the text
     # of tokens[:k]
     k = next(k for k in range(2,
@@ -396,10 +399,12 @@ def test_ignore_eos_generates_max_tokens(server):
                                 "ignore_eos": True}, timeout=60).json()
     finally:
         runner.forward = real
-    assert stops["choices"][0]["finish_reason"] == "stop" and stops["usage"][
-        "completion_tokens"] == 1
-    assert runs["choices"][0]["finish_reason"] == "length" and runs["usage"][
-        "completion_tokens"] == 6
+    assert (
+        stops["choices"][0]["finish_reason"] == "stop" and stops["usage"]["completion_tokens"] == 1
+    )
+    assert (
+        runs["choices"][0]["finish_reason"] == "length" and runs["usage"]["completion_tokens"] == 6
+    )
 
 
 def test_models_retrieve(server, tiny_long_dir):

@@ -100,10 +100,14 @@ def test_llama_vscode_bodies(server):
     data = r.json()
     assert "content" in data and isinstance(data["content"], str)  # getComplFromContent's test
     t = data["timings"]
-    assert t["prompt_n"] + t["cache_n"] == data[
-        "tokens_evaluated"] and t["cache_n"] == data["tokens_cached"] > 0
-    assert t["predicted_n"] == data["tokens_predicted"] and data["generation_settings"][
-        "top_p"] == 0.99
+    assert (
+        t["prompt_n"] + t["cache_n"] == data["tokens_evaluated"]
+        and t["cache_n"] == data["tokens_cached"] > 0
+    )
+    assert (
+        t["predicted_n"] == data["tokens_predicted"]
+        and data["generation_settings"]["top_p"] == 0.99
+    )
 
 
 @pytest.mark.server
@@ -123,8 +127,12 @@ def test_stream_and_the_same_text_as_v1_completions(server):
                                                      "temperature": 0}, timeout=60).json()
     assert text == ref["choices"][0]["text"] and len(events) > 2  # token by token, not one piece
     whole = post(url, {**body, "stream": False}).json()
-    assert whole["content"] == text and whole["tokens_cached"] == ref["usage"][
-        "prompt_tokens_details"]["cached_tokens"] == whole["timings"]["cache_n"]
+    assert (
+        whole["content"] == text
+        and whole["tokens_cached"]
+        == ref["usage"]["prompt_tokens_details"]["cached_tokens"]
+        == whole["timings"]["cache_n"]
+    )
 
 
 def _greedy(url: str, prompt: str, n: int = 64) -> dict:

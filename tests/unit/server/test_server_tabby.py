@@ -77,8 +77,10 @@ def test_the_completion_is_openais_fim_completion_in_tabbys_shape(server):
     assert sampled[0]["choices"][0]["text"] == sampled[1]["choices"][0]["text"]
     # The body's shape decides, nothing else: with a prompt it is OpenAI's, whatever else it has
     both = openai(url, prompt=CODE, suffix=SUFFIX, segments=segments("ignored"))
-    assert both["object"] == "text_completion" and both["choices"][0]["text"] == ref["choices"][0][
-        "text"]
+    assert (
+        both["object"] == "text_completion"
+        and both["choices"][0]["text"] == ref["choices"][0]["text"]
+    )
     r = httpx.post(f"{url}/v1/completions", json={"language": "python"})
     # no segments: OpenAI's 400
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
@@ -149,8 +151,11 @@ def test_crlf_files_are_prompted_in_lf_and_answered_in_crlf(server):
     # a random model may write no newline: the answer's own rule, on a text that has them
     ask = api.parse(json.dumps({"segments": segments("a\r\nb", "\r\n")}).encode())
     answer = json.loads(api.answer(ask, "cmpl-1", Outcome(text="x\ny\r\n\nz", finish="stop"), None))
-    assert ask.fill.prefix == "a\nb" and ask.fill.suffix == "\n" and answer["choices"][0][
-        "text"] == "x\r\ny\r\n\r\nz"
+    assert (
+        ask.fill.prefix == "a\nb"
+        and ask.fill.suffix == "\n"
+        and answer["choices"][0]["text"] == "x\r\ny\r\n\r\nz"
+    )
 
 
 @pytest.mark.server
@@ -218,8 +223,12 @@ def test_health_server_setting_and_events(server):
     url, _ = server
     h = httpx.get(f"{url}/v1/health").json()
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-    assert h["model"] == name and h["device"] == "cpu" and h["cuda_devices"] == [] and h[
-        "cpu_count"] >= 1
+    assert (
+        h["model"] == name
+        and h["device"] == "cpu"
+        and h["cuda_devices"] == []
+        and h["cpu_count"] >= 1
+    )
     assert h["arch"] and h["cpu_info"] and h["models"]["completion"]["local"]["model_id"] == name
     assert set(h["version"]) == {"build_date", "build_timestamp", "git_sha", "git_describe"}
     # semver >= 0.9: the agent reads settings

@@ -142,8 +142,11 @@ def test_another_tenants_request_does_not_end_a_warm_up(node):
     again = httpx.post(f"{url}/v1/completions", json={**alice, "max_tokens": 1, "temperature": 0},
                        headers={**ALICE, "X-Session-Id": "dev-w"}, timeout=60).json()
     prompt_tokens = again["usage"]["prompt_tokens"]
-    assert again["usage"]["prompt_tokens_details"][
-        "cached_tokens"] >= prompt_tokens // 16 * 16 - 16 > 0
+    assert (
+        again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= prompt_tokens // 16 * 16 - 16
+        > 0
+    )
 
 
 def _twice(url: str, path: bytes, first: bytes, second: bytes) -> tuple[int, dict]:
@@ -204,5 +207,7 @@ def test_the_response_cache_keeps_model_tiers_apart(server_config):
             # the cache still answers a repeat
             assert ask("line").headers.get("x-warmpath-cache") == "hit"
             block = ask("block")
-            assert "x-warmpath-cache" not in block.headers and block.headers[
-                "x-warmpath-node"] == large
+            assert (
+                "x-warmpath-cache" not in block.headers
+                and block.headers["x-warmpath-node"] == large
+            )

@@ -253,8 +253,11 @@ def test_simulate_fleet_cli_answers_how_many_nodes(tmp_path, capsys):
     report = json.loads(out.read_text())
     # one node would carry six developers, but not its own loss: every request after it fails (503)
     assert report["fewest_nodes"] == 2 and all(r["node_loss"] for r in report["runs"].values())
-    assert report["runs"]["1 nodes"]["editor_goodput"] < 0.9 <= report["runs"]["2 nodes"][
-        "editor_goodput"]
+    assert (
+        report["runs"]["1 nodes"]["editor_goodput"]
+        < 0.9
+        <= report["runs"]["2 nodes"]["editor_goodput"]
+    )
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
