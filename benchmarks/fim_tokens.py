@@ -1,10 +1,11 @@
-"""Prompt tokens a keystroke computes under each FIM layout, on the editor trace (issue 33): every
+r"""Prompt tokens a keystroke computes under each FIM layout, on the editor trace (issue 33): every
 keystroke of `warmpath bench --workload editor` (same seed, developers, duration, rate) rendered as
 the server renders it, and the tokens after the longest block-aligned prefix it shares with the same
 developer's previous prompt counted, as a prefix cache of 16-token blocks that evicts nothing would
 compute them. No server: the layouts' own cost, exactly.
 
-    python benchmarks/fim_tokens.py --model qwen2.5-coder-0.5b [--developers 4 --duration 120 --rate 30 --seed 3]
+    python benchmarks/fim_tokens.py --model qwen2.5-coder-0.5b \
+        [--developers 4 --duration 120 --rate 30 --seed 3]
 """
 
 from __future__ import annotations

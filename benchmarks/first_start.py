@@ -1,7 +1,8 @@
-"""Start to first answer: `warmpath serve` on a $WARMPATH_HOME that has never seen the model (no
+r"""Start to first answer: `warmpath serve` on a $WARMPATH_HOME that has never seen the model (no
 compiled kernel, no plan), then a restart on the same home (issue 29, point 3).
 
-    python benchmarks/first_start.py --model qwen2.5-coder-0.5b [--restarts 2] [--out benchmarks/results/...]
+    python benchmarks/first_start.py --model qwen2.5-coder-0.5b [--restarts 2] \
+        [--out benchmarks/results/...]
 
 The model file is the fetched one (`warmpath fetch-model`, linked into the fresh home so nothing is
 downloaded during the timing). Each start's time is from spawning the server to the first FIM

@@ -1,9 +1,10 @@
-"""Two builds of the native kernel in one process, step by step: the A/B for a kernel change on a VM
-whose speed swings by more than the change within seconds (two separate runs, even alternating,
+r"""Two builds of the native kernel in one process, step by step: the A/B for a kernel change on a
+VM whose speed swings by more than the change within seconds (two separate runs, even alternating,
 drift by ±15% on a shape whose code did not change).
 
     git worktree add /tmp/base <rev>
-    python benchmarks/kernel_ab.py --base /tmp/base [--backend native-int8] [--rounds 7] [--json out.json]
+    python benchmarks/kernel_ab.py --base /tmp/base [--backend native-int8] [--rounds 7] \
+        [--json out.json]
 
 Both kernels are built from their checkout's `kernels/cpu/forward.c` (this checkout's Python drives
 both) and run the plan's step shapes (`engine/plan_timing.py`: KV of zeros, shared context blocks)

@@ -1,10 +1,11 @@
-"""The KV tier's first keystroke after an idle gap (issue 30): a developer's 2,000-token file is
+r"""The KV tier's first keystroke after an idle gap (issue 30): a developer's 2,000-token file is
 cached, other sessions push it out of the RAM pool while the developer is away, then the developer
 types again (20 new tokens); and the same after `warmpath serve` restarts. Tier off vs on, one run,
 same windows of real code, each server alone with every core, its RAM pool sized so one other
 2,000-token-plus file evicts the first.
 
-    python benchmarks/kv_tier.py --model qwen2.5-coder-1.5b [--out benchmarks/results/kv_tier_....json]
+    python benchmarks/kv_tier.py --model qwen2.5-coder-1.5b \
+        [--out benchmarks/results/kv_tier_....json]
 """
 
 from __future__ import annotations

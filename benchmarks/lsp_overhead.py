@@ -1,10 +1,11 @@
-"""What `warmpath lsp` adds to a completion's latency (issue 32): keystroke to item through the
+r"""What `warmpath lsp` adds to a completion's latency (issue 32): keystroke to item through the
 language server (a real LSP client over stdio, pygls' LanguageClient, debounce off) vs the same
 request sent straight to the server over HTTP (the same body, streamed the same way, under a session
 of its own as the language server's is), on one `warmpath serve`, alternating which goes first at
 each keystroke so both see the same warm prefix cache.
 
-    python benchmarks/lsp_overhead.py --model qwen2.5-coder-0.5b [--keys 60] [--out benchmarks/results/...]
+    python benchmarks/lsp_overhead.py --model qwen2.5-coder-0.5b [--keys 60] \
+        [--out benchmarks/results/...]
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Cold prefill of two checkouts of warmpath, alternating, in one run: the A/B for a kernel change
+r"""Cold prefill of two checkouts of warmpath, alternating, in one run: the A/B for a kernel change
 on a VM whose speed drifts by more than the change between two runs minutes apart.
 
     git worktree add /tmp/base <rev> && ln -s $PWD/.venv /tmp/base/.venv
-    python benchmarks/prefill_ab.py --a /tmp/base --b . [--tokens 512,2048] [--rounds 3] [--json out.json]
+    python benchmarks/prefill_ab.py --a /tmp/base --b . [--tokens 512,2048] [--rounds 3] \
+        [--json out.json]
 
 Each round runs each checkout in a fresh process (its own kernel build, its own plan): the default
 LLM, a warm-up, then `--repeats` cold prompts (real code, the prefix cache reset before each) per

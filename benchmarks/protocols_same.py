@@ -1,10 +1,11 @@
-"""The same editor requests through every protocol to two servers (A and B: before and after a
+r"""The same editor requests through every protocol to two servers (A and B: before and after a
 change), one at a time, greedy, no deadline: whether each protocol's answers and prompt token counts
 are the same on both. With --keystrokes N, then the request path's own time: N warm keystrokes of
 one file per protocol (each a character more of a line typed), one at a time, A and B alternating,
 median TTFT each. The loaded side of the comparison is benchmarks/protocols_ab.sh.
 
-    python benchmarks/protocols_same.py URL_A URL_B [--requests 40] [--keystrokes 25] [--out results/....json]
+    python benchmarks/protocols_same.py URL_A URL_B [--requests 40] [--keystrokes 25] \
+        [--out results/....json]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""warmpath vs llama.cpp's `llama-server` on the same GGUF file, through the same HTTP API, in one
+r"""warmpath vs llama.cpp's `llama-server` on the same GGUF file, through the same HTTP API, in one
 run (issue 29's rows): cold prefill of 512 / 2,000 tokens (time to the first token of a fresh window
 of real code), warm 2,000 + 20 (the same window again with 20 new tokens: what the prefix cache
 buys), one stream's decode (64 tokens after a 512-token prompt, greedy, `ignore_eos`), and 4 / 16
@@ -9,7 +9,8 @@ speculation off (the row that compares the kernels); `--systems warmpath,kv-int8
 int8 KV cache (issue 30).
 
     python benchmarks/baselines/llama_server.py install       # once
-    python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] [--out ...]
+    python benchmarks/server_compare.py --model qwen2.5-coder-0.5b [--repeats 3] [--systems ...] \
+        [--out ...]
 """
 
 from __future__ import annotations

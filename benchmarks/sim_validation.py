@@ -1,10 +1,10 @@
-"""Does the simulator tell the truth? The same small editor trace through the real engine (the
+r"""Does the simulator tell the truth? The same small editor trace through the real engine (the
 profile's model, wall clock) and through the simulator (the engine's scheduler and block pool + the
 profile's calibrated cost model, virtual clock), with the same client behaviour (debounce, cancel on
 keystroke, client deadline).
 
-    python benchmarks/sim_validation.py [--profile cpu-smollm2 --developers 4 --duration 240 --rate 20
-                                         --deadline-ms 3000]
+    python benchmarks/sim_validation.py [--profile cpu-smollm2 --developers 4 --duration 240 \
+                                         --rate 20 --deadline-ms 3000]
 
 Goal (issue #8): prefix hit rate within 2 points, editor TTFT p50 within 25%. The client deadline is
 3 s here (not the editor's 300 ms) so that TTFT is measured rather than censored on this slow CPU.

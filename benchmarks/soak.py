@@ -13,8 +13,10 @@ a fresh `warmpath serve` without a tier: the answers must be the same, token for
 and a PNG plot; prints the table and the verdict (soak_report.py; exit status 1 when it fails).
 Loopback only.
 
-    python benchmarks/soak.py --minutes 60 --model qwen2.5-coder-0.5b   # the hour run (docs/benchmarks.md)
-    python benchmarks/soak.py --minutes 2 --model smollm2               # a quick look
+    # the hour run (docs/benchmarks.md)
+    python benchmarks/soak.py --minutes 60 --model qwen2.5-coder-0.5b
+    # a quick look
+    python benchmarks/soak.py --minutes 2 --model smollm2
 
 Client-visible errors are answers a client did not ask to lose: a 5xx, an error event in a stream, a
 connection error. Disconnects are the client's own doing and counted apart, as are the streams node

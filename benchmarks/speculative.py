@@ -1,4 +1,4 @@
-"""Speculative decoding on and off, side by side in one run, on the bundled model (one engine:
+r"""Speculative decoding on and off, side by side in one run, on the bundled model (one engine:
 speculation is switched per request, off and on alternating, so both see the same machine state).
 Greedy, so both must give the same tokens (checked). Decode tokens/s = tokens after the first / time
 from first token to last.
@@ -9,7 +9,8 @@ Rows: `edit` (warmpath/edit_workload.py: rewrite a real function with one small 
 compute-bound, speculation must not cost).
 
     python benchmarks/speculative.py [--method ngram|suffix] [--edits 6 --agent-turns 6 --free 4]
-    python benchmarks/speculative.py --model qwen2.5-coder-1.5b --method draft --draft-model qwen2.5-coder-0.5b
+    python benchmarks/speculative.py --model qwen2.5-coder-1.5b --method draft \
+        --draft-model qwen2.5-coder-0.5b
 """
 
 from __future__ import annotations

@@ -2,17 +2,17 @@
 saved and replayed as JSONL traces.
 
 editor  Developers typing real text into real files (the Python standard library on this machine). A
-developer
-        picks a file and a spot and types the text that really follows, at a human pace: fast keys inside a word,
-        sometimes a short hesitation between words (long enough for the client's debounce to fire, so the
-        request it sends goes stale at the next key), and a longer pause after each stretch of typing (the
-        request that survives). About 10 such pauses in ~4 minutes, then ~30 minutes away; developers start out
-        of phase. Coming back, a developer usually continues in the same file (a warm prefix, if it survived).
+        developer picks a file and a spot and types the text that really follows, at a human pace:
+        fast keys inside a word, sometimes a short hesitation between words (long enough for the
+        client's debounce to fire, so the request it sends goes stale at the next key), and a longer
+        pause after each stretch of typing (the request that survives). About 10 such pauses in ~4
+        minutes, then ~30 minutes away; developers start out of phase. Coming back, a developer
+        usually continues in the same file (a warm prefix, if it survived).
 agent   Coding-agent turns over a long context (4k-7k tokens by default) that grows each turn by
-tool output
-        (real file text), the rest byte-identical to the previous turn except, sometimes, an edit near the end.
-        When the context is full the agent starts a new task (a cold prefill). Turns are closed-loop: the next
-        one is sent `after` seconds once the previous answer is complete.
+        tool output (real file text), the rest byte-identical to the previous turn except,
+        sometimes, an edit near the end. When the context is full the agent starts a new task (a
+        cold prefill). Turns are closed-loop: the next one is sent `after` seconds once the previous
+        answer is complete.
 mixed   Both, `agent_share` of the sessions being agents.
 
 `rate` compresses only idle time (reading pauses, the ~30 minutes away, the gap between agent
@@ -23,12 +23,11 @@ Trace (JSONL): a header line {"type": "trace", ...params}, one {"type": "session
 session (an editor session carries its file's text; an agent session nothing), then events ordered
 by time:
   {"type": "key", "t", "session", "cursor", "end"}: after this keystroke the developer's document is
-      text[:cursor] + text[end:], with the cursor between the two; text[cursor:end] is what they have not
-      typed yet (so the real next line is known).
+      text[:cursor] + text[end:], with the cursor between the two; text[cursor:end] is what they
+      have not typed yet (so the real next line is known).
   {"type": "turn", "t", "session", "keep", "add", "after", "max_tokens", "new_task"}: the agent's
-  prompt is
-      the previous prompt[:keep] + add; `t` is the earliest send time, `after` the think time after the
-      previous turn of that session completes.
+      prompt is the previous prompt[:keep] + add; `t` is the earliest send time, `after` the think
+      time after the previous turn of that session completes.
 """
 
 from __future__ import annotations

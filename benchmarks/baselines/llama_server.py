@@ -1,7 +1,8 @@
-"""llama.cpp's own C++ `llama-server` as a real engine behind warmpath's router (issue 22).
+r"""llama.cpp's own C++ `llama-server` as a real engine behind warmpath's router (issue 22).
 
-    python benchmarks/baselines/llama_server.py install                           # build it once, cached
-    python benchmarks/baselines/llama_server.py serve --port 8003 --threads 2 [--ctx 8192] [--parallel 4]
+    python benchmarks/baselines/llama_server.py install  # build it once, cached
+    python benchmarks/baselines/llama_server.py serve --port 8003 --threads 2 \
+        [--ctx 8192] [--parallel 4]
 
 Not llama-cpp-python's Python server (that one is llama_cpp_python.py): this is the server llama.cpp
 ships, with /health, /props, /slots, /metrics, /infill and /v1/completions. `install` builds just

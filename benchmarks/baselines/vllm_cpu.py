@@ -1,8 +1,10 @@
 """vLLM's CPU build as a baseline for compare_cpu.py (and `warmpath bench --baseline`), in its own
 venv.
 
-    python benchmarks/baselines/vllm_cpu.py install                      # own venv under $WARMPATH_HOME/baselines
-    python benchmarks/baselines/vllm_cpu.py serve --port 8002 --threads 2  # OpenAI server, prefix caching on
+    # own venv under $WARMPATH_HOME/baselines
+    python benchmarks/baselines/vllm_cpu.py install
+    # OpenAI server, prefix caching on
+    python benchmarks/baselines/vllm_cpu.py serve --port 8002 --threads 2
 
 vLLM runs an HF directory here rather than the Q4_1 GGUF, so `install` (run it with warmpath's venv,
 whose transformers reads GGUF) also dequantizes the GGUF into $WARMPATH_HOME/baselines/smollm2-hf:

@@ -7,12 +7,15 @@ It is told each event and its time and answers what to do. `EditorClient` (edito
 with asyncio over real HTTP, the simulator's `Driver` on virtual time; one `EditorSession` per
 developer:
 
-    keystroke(t, ...)   -> Cancel (the request in flight is stale) or None; the debounce timer is (re)armed
-                           for `due`
-    timer(t)            -> Send, when the timer armed for t fires with nothing typed since; else None
+    keystroke(t, ...)   -> Cancel (the request in flight is stale) or None;
+                           the debounce timer is (re)armed for `due`
+    timer(t)            -> Send, when the timer armed for t fires with nothing typed since;
+                           else None
     first_token(t)      the request in flight got its first token at t
-    deadline(t)         -> Cancel when t is the request's first-token deadline and no token came by then
-    done(t)             the request in flight ended (finished, failed, or dropped by the client's own timer)
+    deadline(t)         -> Cancel when t is the request's first-token deadline
+                           and no token came by then
+    done(t)             the request in flight ended
+                        (finished, failed, or dropped by the client's own timer)
 """
 
 from __future__ import annotations
