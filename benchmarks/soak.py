@@ -211,7 +211,8 @@ METRICS = {
     "kv_cache_bytes": "warmpath_kv_cache_bytes", "waiting": "warmpath_num_requests_waiting",
     "tier_hit_tokens": "warmpath_prefix_cache_tier_hit_tokens_total",
     "tier_rejected": "warmpath_kv_tier_rejected_blocks_total",
-    "heap_used": "warmpath_heap_used_bytes", "heap_free": "warmpath_heap_free_bytes"
+    "heap_used": "warmpath_heap_used_bytes",
+           "heap_trims": "warmpath_heap_trims_total", "heap_free": "warmpath_heap_free_bytes"
 }
 
 

@@ -253,6 +253,10 @@ class AsyncEngine:
                     self._wake.wait(self.engine.heap.idle())
                     self._wake.clear()
                     continue
+                if self.engine.scheduler.only_warm_ups():
+                    # warm-ups yield to any keystroke: a trim may take their time (a node
+                    # always warming some prompt is never idle)
+                    self.engine.heap.idle()
                 outputs = self.engine.step()
                 self.snapshot = EngineSnapshot.of(self.engine)
                 for listener in self.step_listeners:

@@ -5,9 +5,10 @@ heap. A node's activations come and go in every size (a chunk of a cold file, a 
 agent's long context), so its heap grows to its peak concurrent use, holes stay resident, and the
 resident set creeps up with each new peak: the memory the operator sized the box for.
 `malloc_trim(0)` gives back every free page inside the heap. It runs only when the engine has
-nothing to do (an idle engine waits for a trim that is due but paced), at most once every
-`interval_s`, and only when the heap holds more than `min_free_bytes` free: a page given back costs
-a page fault when a later step touches it again. A trim of ~350 MB free takes ~20 ms.
+nothing to do for a client (idle, or only warm-ups: an idle engine waits for a trim that is due but
+paced), at most once every `interval_s`, and only when the heap holds more than `min_free_bytes`
+free: a page given back costs a page fault when a later step touches it again. A trim of ~350 MB
+free takes ~20 ms.
 """
 
 from __future__ import annotations

@@ -280,3 +280,14 @@ def test_queued_warm_ups_keep_their_bounds_the_oldest_going_first():
     s.add(request("typed", 500, "dev3"))  # a session's next request still ends its warm-up
     assert [w.session_id
             for w in s.queued_warm_ups()] == ["dev2", "dev4"] and s.warm_up_tokens == 960
+
+
+def test_a_step_of_warm_ups_alone_is_idle_for_the_heap_trimmer():
+    """engine/heap.py trims when the engine works for no client: a node that always has some prompt
+    warming (a flood of late requests) must still give its free heap back."""
+    s, clock = scheduler()
+    assert s.only_warm_ups()  # nothing at all
+    warm = warming(s, clock, 1500)
+    assert warm in s.running_requests() and s.only_warm_ups()
+    s.add(request("typed", 40, "bob"))
+    assert not s.only_warm_ups()

@@ -90,6 +90,11 @@ class Scheduler:
         s = self._state
         return bool(s.waiting or s.running or s.warming)
 
+    def only_warm_ups(self) -> bool:
+        """Nothing but warm-ups to compute: no request waits or runs for a client."""
+        s = self._state
+        return not s.waiting and all(r.warmup for r in s.running)
+
     def add_listener(self, listener: Callable[[StepBatch], None]) -> None:
         """Called with each step's batch as it is planned, before the model runs (the simulator's
         calibration)."""
