@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable
 from typing import NamedTuple, TypeVar
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -36,22 +37,42 @@ async def wait_disconnect(request: Request) -> None:
             return
 
 
+class Cancellable:
+    """`work` in a task of its own, cancelled through an anyio scope. httpx closes a connection in
+    regions shielded from anyio's cancellation only: a plain Task.cancel() that lands there (say, as
+    the answer's last byte is read) stops the close halfway and leaves the connection taken in its
+    pool for good. The task ends cancelled when the scope stopped `work`."""
+
+    def __init__(self, work: Awaitable[T]):
+        self.scope = anyio.CancelScope()
+        self.task: asyncio.Task[T] = asyncio.ensure_future(self._run(work))
+
+    async def _run(self, work: Awaitable[T]) -> T:
+        with self.scope:
+            return await work
+        raise asyncio.CancelledError
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """`work`'s result, unless the client goes away first: then `work` is cancelled (a request given
     up before its answer must stop its work at once, not when the answer comes) and ClientGone is
     raised. `work`'s own exceptions pass through."""
-    task = asyncio.ensure_future(work)
+    running = Cancellable(work)
     gone = asyncio.ensure_future(wait_disconnect(request))
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({running.task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (task, gone):
-            if not t.done():
-                t.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
-    if task.cancelled():
+        running.cancel()
+        gone.cancel()
+        # what `work` holds is closed before we go on, even as our own waits are cancelled
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(running.task, gone, return_exceptions=True)
+    if running.task.cancelled():
         raise ClientGone()
-    return task.result()
+    return running.task.result()
 
 
 def parse_deadline(headers, now: float) -> float | None:

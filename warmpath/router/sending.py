@@ -15,6 +15,8 @@ import asyncio
 
 import httpx
 
+from warmpath.api.asgi import Cancellable
+
 # httpcore's trace event: the connection is the request's
 WRITING = "http11.send_request_headers.started"
 
@@ -27,7 +29,8 @@ class Send:
         # holds the tasks given up until they end (the loop keeps none)
         self.unfinished = unfinished
         request.extensions["trace"] = self._trace
-        self.task = asyncio.ensure_future(http.send(request, stream=True))
+        self._running = Cancellable(http.send(request, stream=True))
+        self.task = self._running.task
 
     async def _trace(self, event: str, info: dict) -> None:
         if event == WRITING:
@@ -36,7 +39,7 @@ class Send:
     def give_up(self) -> None:
         """Stop the send now if that is safe, else when its answer comes (closed unread)."""
         if self.writing:
-            self.task.cancel()
+            self._running.cancel()
         self.unfinished.add(self.task)
         self.task.add_done_callback(self._finished)
 

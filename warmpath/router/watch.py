@@ -6,8 +6,9 @@ the node leaves the ring."""
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import asynccontextmanager
+
+import anyio
 
 
 class Stalled(Exception):
@@ -19,7 +20,7 @@ class Watch:
 
     def __init__(self, node):
         self.node, self.left = node, not node.healthy
-        self._timeout: asyncio.Timeout | None = None
+        self._scope: anyio.CancelScope | None = None
         node.watches.add(self)
 
     def close(self) -> None:
@@ -28,8 +29,8 @@ class Watch:
     def node_left(self) -> None:
         """Called when the node leaves the ring: the wait in progress ends now."""
         self.left = True
-        if self._timeout is not None:
-            self._timeout.reschedule(asyncio.get_running_loop().time())
+        if self._scope is not None:
+            self._scope.cancel()
 
     @asynccontextmanager
     async def until(self, deadline: float | None, bound: float, what: str):
@@ -37,16 +38,19 @@ class Watch:
         naming `what` did not come in time)."""
         if self.left:
             raise Stalled("the node left the ring")
-        try:
-            async with asyncio.timeout_at(bound if deadline is
-                                          None else min(deadline, bound)) as timeout:
-                self._timeout = timeout
+        # an anyio scope, not asyncio.timeout: a wait that ends as httpx closes the connection
+        # lets the close finish (api/asgi.Cancellable)
+        with anyio.CancelScope(deadline=bound if deadline is None else min(deadline, bound)) \
+                as scope:
+            self._scope = scope
+            try:
                 yield
-        except TimeoutError:
-            if self.left:
-                raise Stalled("the node left the ring") from None
-            if deadline is not None and deadline <= bound:
-                raise
-            raise Stalled(f"{what} did not come in time") from None
-        finally:
-            self._timeout = None
+            finally:
+                self._scope = None
+        if not scope.cancelled_caught:
+            return
+        if self.left:
+            raise Stalled("the node left the ring")
+        if deadline is not None and deadline <= bound:
+            raise TimeoutError
+        raise Stalled(f"{what} did not come in time")

@@ -14,7 +14,10 @@ import pytest
 from server_harness import CODE, running_server
 from server_harness import running_router as router
 
+from warmpath.api.asgi import unless_disconnected
 from warmpath.config import ServerConfig
+from warmpath.router.nodes import Node
+from warmpath.router.watch import Watch
 
 pytestmark = pytest.mark.server
 
@@ -52,3 +55,63 @@ def test_requests_given_up_while_the_router_connects_leave_no_connection_behind(
         first = _closed_by(port)
         time.sleep(1.0)
         assert first & _closed_by(port) == set()
+
+
+async def _answer_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A node on a real socket: every request gets one chunked event, then the stream's end."""
+    try:
+        while (await reader.readuntil(b"\r\n\r\n")):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n"
+                         b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+class _NoRequest:
+    async def receive(self) -> dict:  # a client that stays
+        await asyncio.Event().wait()
+
+
+async def _a_deadline_inside_the_close(read_in: str) -> tuple[int, list[str]]:
+    """Reads one streamed answer to its end under a 20 ms deadline while httpx's close of it (at
+    the stream's end) takes 100 ms: the deadline falls inside the close. Returns the requests still
+    holding a connection of the pool, and the connections' states."""
+    server = await asyncio.start_server(_answer_streams, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    async def slow_close(event: str, info: dict) -> None:
+        if event == "http11.response_closed.started":
+            await asyncio.sleep(0.1)
+
+    async with server, httpx.AsyncClient() as http:
+        request = http.build_request("GET", f"http://127.0.0.1:{port}/",
+                                     extensions={"trace": slow_close})
+        resp = await http.send(request, stream=True)
+        node = Node(f"http://127.0.0.1:{port}", healthy=True)
+
+        async def to_the_end() -> None:
+            async for _ in resp.aiter_raw():
+                pass
+
+        try:
+            async with Watch(node).until(time.monotonic() + 0.02, time.monotonic() + 10, "it"):
+                if read_in == "this task":
+                    await to_the_end()
+                else:  # as the router waits on a stream's first event
+                    await unless_disconnected(_NoRequest(), to_the_end())
+        except TimeoutError:
+            pass
+        await resp.aclose()
+        pool = http._transport._pool
+        return len(pool._requests), [c.info() for c in pool.connections]
+
+
+@pytest.mark.parametrize("read_in", ["this task", "a task of its own"])
+def test_a_deadline_that_falls_while_httpx_closes_a_connection_leaves_it_usable(read_in):
+    # The race the test above loses now and then, made certain: a plain Task.cancel() at the
+    # deadline stopped httpx's close halfway (the request kept its connection, ACTIVE for good).
+    held, connections = asyncio.run(_a_deadline_inside_the_close(read_in))
+    assert held == 0
+    assert all("ACTIVE" not in c for c in connections), connections
