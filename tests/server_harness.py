@@ -183,6 +183,17 @@ def wait_for_step(app, condition, timeout: float = 60.0) -> None:
         async_engine.step_listeners.remove(listener)
 
 
+def computed_since(app, start: int, timeout: float = 60.0) -> None:
+    """Block until the engine has computed tokens past `start` (stats' num_computed_tokens) and has
+    nothing left to run or warm: a warm-up, answered at once, computed."""
+    def done(engine) -> bool:
+        s = engine.stats()
+        return s["num_computed_tokens"] > start and not (s["num_running"] or s["num_waiting"]
+                                                         or s["warm_up_tokens"])
+
+    wait_for_step(app, done, timeout)
+
+
 def counter(url: str, name: str, label: str = "") -> float:
     """A counter's value on a server's /metrics: the sample with exactly these labels, or the
     unlabelled one."""

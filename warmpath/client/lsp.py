@@ -10,8 +10,15 @@ for the same document, or `$/cancelRequest`, cancels it, which closes its HTTP s
 aborts the decode at once. Past the deadline the answer is empty: silence, never an error. Where the
 answer ends is the server's completion scope. Settings come from the command's flags, overridden by
 the client's `initializationOptions` (`url`, `apiKey`, `model`, `maxTokens`, `debounceMs`,
-`deadlineMs`, `contextFiles`, `contextSecrets`). Open documents named like secrets (`.env`, keys,
-tokens: secret_files.py) never go as context unless `contextSecrets` is true.
+`deadlineMs`, `contextFiles`, `contextSecrets`, `warm`, `warmAfterMs`). Open documents named like
+secrets (`.env`, keys, tokens: secret_files.py) never go as context unless `contextSecrets` is true.
+
+Warm before the first keystroke, as llama.vim and llama.vscode do: a document's prompt is sent as a
+warm-up (/infill's `n_predict: 0`; the server computes it in its idle steps, never ahead of a
+keystroke) when the document is opened (the cursor at the end of its first `prefix_chars`: LSP does
+not say where it is) and once its edits pause for `warmAfterMs` (the cursor where the last edit
+ended). A completion request for the document cancels its pending warm-up: it computes the same
+prompt. LSP has no message for an editor's focus.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ TEXT, WHOLE, NUMBER, FLAG = (str, "a string"), (int, "an integer"), (int | float
 OPTIONS = {"url": ("url", TEXT), "apiKey": ("api_key", TEXT), "model": ("model", TEXT),
            "maxTokens": ("max_tokens", WHOLE), "debounceMs": ("debounce_ms", NUMBER),
            "deadlineMs": ("deadline_ms", NUMBER), "contextFiles": ("context_files", WHOLE),
-           "contextSecrets": ("context_secrets", FLAG)}
+           "contextSecrets": ("context_secrets", FLAG), "warm": ("warm", FLAG),
+           "warmAfterMs": ("warm_after_ms", NUMBER)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,8 @@ class Settings:
     prefix_chars: int = 8000
     suffix_chars: int = 2000
     context_chars: int = 4000  # of each other document
+    warm: bool = True  # warm a document's prompt when it opens and when its edits pause
+    warm_after_ms: float = 1000.0  # the pause after a burst of edits
 
     def updated(self, options: object) -> Settings:
         """These settings with the client's initializationOptions over them (unknown keys are
@@ -93,6 +103,7 @@ class Completer:
         # uri -> when last opened or edited (the context's order)
         self.edited: dict[str, float] = {}
         self.inflight: dict[str, asyncio.Task] = {}  # uri -> the request now waiting or streaming
+        self.warming: dict[str, asyncio.Task] = {}  # uri -> its warm-up, waiting or sent
         self.session = f"lsp-{os.getpid()}"
         self.clock = monotonic_clock()
         self.http: httpx.AsyncClient | None = None
@@ -102,6 +113,51 @@ class Completer:
 
     def forget(self, uri: str) -> None:
         self.edited.pop(uri, None)
+        self._stop_warming(uri)
+
+    def _stop_warming(self, uri: str) -> None:
+        task = self.warming.pop(uri, None)
+        if task is not None:
+            task.cancel()
+
+    def warm(self, ls: LanguageServer, uri: str, cursor: int, after_s: float = 0.0) -> None:
+        """Send the prompt at `cursor` as a warm-up after `after_s`, unless a newer one for the
+        document or a completion request comes first."""
+        if not self.settings.warm:
+            return
+        self._stop_warming(uri)
+        self.warming[uri] = asyncio.ensure_future(self._warm(ls, uri, cursor, after_s))
+
+    async def _warm(self, ls: LanguageServer, uri: str, cursor: int, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        del self.warming[uri]  # sent: the server's newer request of the session ends it there
+        s, body = self.settings, self.body(ls, uri, cursor)
+        # llama.cpp's warm-up, /infill's n_predict 0 (OpenAI's completions take no max_tokens 0):
+        # the same text as the completion's body makes the same prompt
+        warm_up = {"input_prefix": body["prompt"], "input_suffix": body["suffix"], "prompt": "",
+                   "input_extra": body.get("extra", []), "n_predict": 0, "cache_prompt": True}
+        if s.model:
+            warm_up["model"] = s.model
+        target = Target(s.url, s.model, s.api_key)
+        try:
+            await (await self._http()).post(
+                f"{target.root}/infill", json=warm_up,
+                headers={**target.headers(), "X-Session-Id": self.session}, timeout=10.0)
+        except httpx.HTTPError:
+            pass  # a warm-up that fails costs the next keystroke its cache, nothing more
+
+    def body(self, ls: LanguageServer, uri: str, cursor: int) -> dict:
+        """The request's prompt at `cursor`: the text around it, the other open documents."""
+        s, source = self.settings, ls.workspace.get_text_document(uri).source
+        body = {
+            "prompt": source[max(0, cursor - s.prefix_chars):cursor],
+            "suffix": source[cursor:cursor + s.suffix_chars], "max_tokens": s.max_tokens,
+            "temperature": 0.0
+        }
+        extra = self.context(ls, uri)
+        if extra:
+            body["extra"] = extra
+        return body
 
     def context(self, ls: LanguageServer, uri: str) -> list[dict]:
         s = self.settings
@@ -111,7 +167,9 @@ class Completer:
         files = []
         for other in others:
             doc = ls.workspace.get_text_document(other)
-            files.append({"filename": doc.path or other, "text": doc.source[:s.context_chars]})
+            if doc.source:  # an empty one is no context
+                files.append({"filename": doc.path or other,
+                              "text": doc.source[:s.context_chars]})
         return files
 
     async def complete(self, ls: LanguageServer, uri: str, position: types.Position) -> str:
@@ -120,21 +178,14 @@ class Completer:
         previous = self.inflight.get(uri)
         if previous is not None and not previous.done():
             previous.cancel()
+        self._stop_warming(uri)
         task = asyncio.current_task()
         self.inflight[uri] = task
         try:
             await asyncio.sleep(self.settings.debounce_ms / 1000)
-            doc = ls.workspace.get_text_document(uri)
-            cursor = doc.offset_at_position(position)
             s = self.settings
-            body = {
-                "prompt": doc.source[max(0, cursor - s.prefix_chars):cursor],
-                "suffix": doc.source[cursor:cursor + s.suffix_chars], "max_tokens": s.max_tokens,
-                "temperature": 0.0
-            }
-            extra = self.context(ls, uri)
-            if extra:
-                body["extra"] = extra
+            body = self.body(ls, uri,
+                             ls.workspace.get_text_document(uri).offset_at_position(position))
             rec = RequestRecord(self.session, "editor", self.clock(),
                                 prompt_chars=len(body["prompt"]))
             await stream_completion(await self._http(), Target(s.url, s.model,
@@ -160,7 +211,7 @@ class Completer:
         return self.http
 
     async def close(self) -> None:
-        for task in self.inflight.values():
+        for task in (*self.inflight.values(), *self.warming.values()):
             task.cancel()
         if self.http is not None:
             await self.http.aclose()
@@ -181,11 +232,22 @@ def create_server(settings: Settings) -> LanguageServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: LanguageServer, params: types.DidOpenTextDocumentParams) -> None:
-        completer.touch(params.text_document.uri)
+        uri = params.text_document.uri
+        completer.touch(uri)
+        completer.warm(ls, uri, min(len(params.text_document.text),
+                                    completer.settings.prefix_chars))
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: LanguageServer, params: types.DidChangeTextDocumentParams) -> None:
-        completer.touch(params.text_document.uri)
+        uri = params.text_document.uri
+        completer.touch(uri)
+        last = params.content_changes[-1] if params.content_changes else None
+        doc = ls.workspace.get_text_document(uri)
+        # where the last edit ended: the developer's cursor (a whole-text change says nothing)
+        cursor = len(doc.source) if last is None or not hasattr(last, "range") else \
+            doc.offset_at_position(last.range.start) + len(last.text)
+        completer.warm(ls, uri, min(cursor, len(doc.source)),
+                       completer.settings.warm_after_ms / 1000)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: LanguageServer, params: types.DidCloseTextDocumentParams) -> None:
@@ -232,6 +294,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the whole answer: later, the completion is empty (and the server stops)")
     p.add_argument("--context-files", type=int, default=d.context_files,
                    help="other open documents sent as repository context")
+    p.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="send no warm-ups (a document's prompt when it opens and when edits pause)")
+    p.add_argument("--warm-after-ms", type=float, default=d.warm_after_ms,
+                   help="the pause after a burst of edits that sends a warm-up")
     p.add_argument(
         "--context-secrets", action="store_true",
         help="also send open documents named like secrets (.env, *.pem, id_*, *token*) as context")
@@ -241,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(url=args.url, api_key=args.api_key, model=args.model,
                         max_tokens=args.max_tokens, debounce_ms=args.debounce_ms,
                         deadline_ms=args.deadline_ms, context_files=args.context_files,
-                        context_secrets=args.context_secrets)
+                        context_secrets=args.context_secrets, warm=args.warm,
+                        warm_after_ms=args.warm_after_ms)
     create_server(settings).start_io()
     return 0

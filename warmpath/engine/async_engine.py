@@ -121,6 +121,7 @@ class _Abort:
 @dataclass
 class _WarmUp:
     request: EngineRequest
+    keystroke: bool = True  # False: the client's own warm-up (Engine.warm_up)
 
 
 def release_thread_pool() -> bool:
@@ -193,6 +194,15 @@ class AsyncEngine:
         self._send(_Add(request, stream))
         return stream
 
+    def warm_up(self, request: EngineRequest) -> None:
+        """A client's own warm-up (llama.cpp's `n_predict: 0`): the prompt's full blocks computed at
+        the lowest priority, in steps with nothing else, for the session's next request, which ends
+        it (Scheduler.warm_up); nothing answers it. Raises as submit() does."""
+        if not self.alive:
+            raise EngineDeadError("the engine loop is not running")
+        self.engine.check(request)
+        self._send(_WarmUp(request, keystroke=False))
+
     def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
 
@@ -238,7 +248,7 @@ class AsyncEngine:
                     cmd.stream.put(e)
                 added.append(rid)  # in the scheduler now (counted there), or refused
             elif isinstance(cmd, _WarmUp):
-                self.engine.warm_up(cmd.request)
+                self.engine.warm_up(cmd.request, cmd.keystroke)
             else:
                 self.engine.abort(cmd.request_id)
         self.snapshot = EngineSnapshot.of(self.engine)

@@ -203,8 +203,7 @@ class Engine:
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
-        """Finish a request in any state; its blocks return to the pool now. False if
-        unknown/finished."""
+        """Finish a request in any state, its blocks back to the pool now; False if it is not."""
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return False
@@ -212,12 +211,13 @@ class Engine:
         self._finished_unreported.append(req)
         return True
 
-    def warm_up(self, request: EngineRequest) -> None:
-        """A request refused unrun: its session's prompt computed on at the lowest priority for its
-        next request (Scheduler.warm_up), and the session counted as quick if its prompt was nearly
-        all cached."""
+    def warm_up(self, request: EngineRequest, keystroke: bool = True) -> None:
+        """A prompt computed at the lowest priority for its session's next request (Scheduler.
+        warm_up): a keystroke refused unrun (its session counted as quick if its prompt was nearly
+        all cached), or a client's own warm-up (/infill's n_predict 0: no keystroke)."""
         r = request
-        self.scheduler.note_arrival(r.session_id, r.prompt_token_ids, r.cache_salt)
+        if keystroke:
+            self.scheduler.note_arrival(r.session_id, r.prompt_token_ids, r.cache_salt)
         self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt,
                                r.tenant)
 

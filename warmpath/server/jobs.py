@@ -5,9 +5,11 @@ deadline ends at once, refused), run as text deltas, and recorded in the metrics
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from warmpath.api.asgi import parse_deadline
@@ -136,6 +138,18 @@ class Job:
         return new
 
 
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    """The engine's refusals as the API's: 503 with the engine loop dead, 400 for a request it can
+    never run."""
+    try:
+        yield
+    except EngineDeadError as e:
+        raise ApiError(503, str(e), "server_error", code="engine_dead") from None
+    except ValueError as e:  # PromptTooLongError too
+        raise ApiError(400, str(e), param="prompt") from None
+
+
 class JobRunner:
     """Builds, runs and records the jobs of one engine."""
 
@@ -216,12 +230,20 @@ class JobRunner:
         (AsyncEngine.submit): its run ends at once, "overloaded" ("deadline" if already past), its
         answer silence."""
         self.heal(job)
-        try:
+        with _engine_errors():
             job.stream = self.async_engine.submit(job.request)
-        except EngineDeadError as e:
-            raise ApiError(503, str(e), "server_error", code="engine_dead") from None
-        except ValueError as e:  # PromptTooLongError too
-            raise ApiError(400, str(e), param="prompt") from None
+
+    def warm(self, job: Job) -> None:
+        """A client's own warm-up (`n_predict: 0`), queued for the engine's idle steps and answered
+        at once (AsyncEngine.warm_up): it never delays a keystroke. A client that names no session
+        warms as its tenant's session of warm-ups (its newest warm-up ends the one before)."""
+        r = job.request
+        if r.session_id is None:
+            r.session_id = "warm-up " + hashlib.sha256(str(r.tenant).encode()).hexdigest()[:16]
+        with _engine_errors():
+            self.async_engine.warm_up(r)
+        job.finish_reason = "length"
+        self.metrics.warm_ups_asked.inc()
 
     async def run(self, job: Job) -> AsyncIterator[str]:
         """The text deltas of a started job; sets job.finish_reason. The deadlines are the stream's

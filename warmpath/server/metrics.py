@@ -140,6 +140,9 @@ class Metrics:
         self.typed_through = Counter("warmpath_typed_through", "Requests answered with the rest "
                                      "of their session's last answer, which the developer typed "
                                      "into (no model step)", registry=r)
+        self.warm_ups_asked = Counter("warmpath_warm_ups_asked", "Clients' own warm-ups "
+                                      "(/infill's n_predict 0, max_tokens 0) queued for idle "
+                                      "steps", registry=r)
         self.session_ids_hashed = Counter(
             "warmpath_session_ids_hashed", "Requests whose session id was longer "
             "than --max-session-id-chars: kept as its hash", registry=r)

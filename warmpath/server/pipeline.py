@@ -52,6 +52,9 @@ class Pipeline:
             job = await self.job(ask, request, received)
             if job is None:  # a warm-up with nothing to compute
                 return answers.idle("length")
+            if job.warmup and not (ask.echo or job.logprobs_asked):  # else it is scoring a prompt
+                self.served.runner.warm(job)
+                return answers.idle("length")
             return await self.respond(job, ask, answers, request)
         except ApiError as e:
             raise answers.error(e) from None

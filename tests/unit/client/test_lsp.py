@@ -13,7 +13,7 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from pygls.lsp.client import LanguageClient
-from server_harness import CODE, counter
+from server_harness import CODE, computed_since, counter
 
 DOC = "file:///work/app.py"
 OTHER = "file:///work/util.py"
@@ -28,7 +28,7 @@ async def started(url: str, max_tokens: int = 8, **options) -> LanguageClient:
                           "--url", url, "--max-tokens", str(max_tokens))
     await client.initialize_async(
         types.InitializeParams(capabilities=types.ClientCapabilities(),
-                               initialization_options={"debounceMs": 0, **options}))
+                               initialization_options={"debounceMs": 0, "warm": False, **options}))
     client.initialized(types.InitializedParams())
     return client
 
@@ -227,3 +227,40 @@ def test_bad_initialization_options_are_an_error_the_editor_sees():
     with pytest.raises(ValueError, match="contextSecrets must be a boolean"):
         Settings().updated({"contextSecrets": 1})
     assert Settings().updated({"contextSecrets": True}).context_secrets
+
+
+@pytest.mark.server
+def test_a_document_is_warm_before_its_first_keystroke(server):
+    # As llama.vim and llama.vscode warm theirs: the prompt is sent as a warm-up when the document
+    # opens and when its edits pause, computed in the server's idle steps; the first keystroke after
+    # the pause finds all of it cached. Without warm-ups it computes it.
+    url, app = server
+    hits = "warmpath_prefix_cache_hit_tokens_total"
+
+    async def first_keystroke(warm: bool) -> tuple[float, float]:
+        """(prompt tokens found cached, warm-ups the server was asked for)."""
+        asked = counter(url, "warmpath_warm_ups_asked_total")
+        start = app.state.engine.stats()["num_computed_tokens"]
+        client = await started(url, warm=warm, warmAfterMs=50)
+        open_doc(client, DOC, f"# warm: {warm}\n" + TEXT)
+        at = types.Position(END.line, 0)  # the document's one-before-last line (its first is new)
+        type_at_end(client, DOC, 2, "x = 1\n", at)
+        if warm:  # the open's warm-up, then the edit's, which replaces it
+            for _ in range(500):
+                if counter(url, "warmpath_warm_ups_asked_total") >= asked + 2:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(computed_since, app, start)
+        else:
+            await asyncio.sleep(0.5)
+        before = counter(url, hits)
+        got = await inline(client, DOC, types.Position(at.line + 1, 0))  # where the edit ended
+        found = counter(url, hits) - before
+        await stopped(client)
+        assert isinstance(got, types.InlineCompletionList)
+        return found, counter(url, "warmpath_warm_ups_asked_total") - asked
+
+    (cold, cold_asked), (warm, warm_asked) = asyncio.run(first_keystroke(False)), \
+        asyncio.run(first_keystroke(True))
+    assert cold_asked == 0 and warm_asked == 2
+    assert warm > cold + 500, (cold, warm)  # the prompt is TEXT's ~700 tokens

@@ -17,7 +17,7 @@ import json
 import httpx
 import pytest
 from llama_vim import EXTRA, FILE, LINES, VIM_ACCEPTS, vim_fim, vim_warmup
-from server_harness import CODE, counter, wait_for_step
+from server_harness import CODE, computed_since, counter, wait_for_step
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +52,44 @@ def post(url: str, body: dict, **kw) -> httpx.Response:
     return httpx.post(f"{url}/infill", json=body, timeout=60, **kw)
 
 
+def warming(app):
+    """Call before a warm-up is sent; the function it returns waits until the engine computed it."""
+    start = app.state.engine.stats()["num_computed_tokens"]
+    return lambda: computed_since(app, start)
+
+
+@pytest.mark.server
+def test_a_warm_up_is_answered_at_once_and_computes_only_in_steps_with_nothing_else(server):
+    # llama.vscode opens a long file (its warm-up) as another developer's keystroke comes: the
+    # keystroke's steps never carry a warm-up chunk, and the warm-up still computes, alone.
+    url, app = server
+    steps: list[tuple[bool, ...]] = []
+    app.state.engine.scheduler.add_listener(
+        lambda batch: steps.append(tuple(c.request.warmup for c in batch.chunks)))
+    asked = counter(url, "warmpath_warm_ups_asked_total")
+    warmed = warming(app)
+    chunks = [{"text": CODE * 12, "time": 1722000000000, "filename": "big.py"}]
+    warm = post(url, vscode_fim(CODE * 4, "", "\n", chunks, no_predict=True))
+    keystroke = post(url, vscode_fim("# another developer's\n" + CODE, "    ", "\n", []),
+                     headers={"X-Session-Id": "b"})
+    warmed()
+    assert warm.status_code == 200 and warm.json()["content"] == ""
+    assert warm.json()["tokens_predicted"] == 0 and warm.json()["stop"] is True
+    assert keystroke.status_code == 200 and "content" in keystroke.json()
+    assert counter(url, "warmpath_warm_ups_asked_total") == asked + 1
+    mixed = [s for s in steps if any(s) and not all(s)]
+    assert mixed == [] and any(all(s) and s for s in steps), steps
+
+
 @pytest.mark.server
 def test_llama_vim_keystrokes_warmup_and_speculative_follow_up(server):
-    url, _ = server
+    url, app = server
     # a chunk was yanked: the ring's context goes in ahead of any completion
+    warmed = warming(app)
     r = post(url, vim_warmup(EXTRA))
     # response_fields [""]: llama.cpp answers an empty object
     assert r.status_code == 200 and r.json() == {}
+    warmed()  # answered at once, computed in the engine's idle steps before the first keystroke
     prefix, suffix = FILE, "\n" + "".join(LINES[:2])
     cached = []
     for middle in ("def g(", "def g(y"):  # two keystrokes along one line
@@ -181,10 +212,11 @@ def test_t_max_prompt_ms_is_silence_and_a_warmup_is_never_cut(server):
     )["finish_reason"] == "deadline"
     assert counter(url, "warmpath_requests_aborted_total", 'reason="deadline"') == before + 1
     wait_for_step(app, lambda e: not e.requests)
-    warm = "# warmed\n" + CODE * 12
+    warm, warmed = "# warmed\n" + CODE * 12, warming(app)
     r = post(url,
              {"input_prefix": warm, "n_predict": 0, "t_max_prompt_ms": 1, "t_max_predict_ms": 1})
     assert r.status_code == 200 and r.json()["content"] == "" and r.json()["tokens_predicted"] == 0
+    warmed()
     after = post(url, {"input_prefix": warm + "x", "n_predict": 1}).json()
     # the warm-up's prompt is all in the cache
     assert after["tokens_cached"] >= after["tokens_evaluated"] - 32
