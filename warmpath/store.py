@@ -16,6 +16,7 @@ miss, rebuilt.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
@@ -92,6 +93,19 @@ def write_atomic(path: Path, data: bytes | str, durable: bool = True) -> None:
     """`data` as the whole of `path` (atomic_file)."""
     with atomic_file(path, durable=durable) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Holds an exclusive flock on `path` (a private lock file, created if missing) for the block:
+    a read-modify-write of a shared file by processes starting together (the last writer would
+    otherwise drop what the others added)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def fsync_dir(path: Path) -> None:

@@ -39,7 +39,7 @@ from warmpath.kernels.native import NativeForward, NativeKernelError, bf16_atten
 from warmpath.models.checkpoint import Checkpoint
 from warmpath.models.kv_cache import allocate_kv_cache
 from warmpath.models.llama import LlamaForCausalLM
-from warmpath.store import home_dir, write_atomic
+from warmpath.store import exclusive, home_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +115,19 @@ def prompt_speed(plan: BackendPlan, route: str, measure: Callable[[], float]) ->
     if not plan.key:
         return measure()
     path = prompt_speed_path(plan.key)
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    if route not in saved:
-        saved[route] = measure()
-        write_atomic(path, json.dumps(saved))  # engines starting together never read half a file
-    return saved[route]
+    # Engines starting together measure one after the other and all read the first one's figure;
+    # one that measures another route keeps what the others saved.
+    with exclusive(path.with_suffix(".lock")):
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if not isinstance(saved, dict):
+            saved = {}
+        if not isinstance(saved.get(route), float):
+            saved[route] = measure()
+            write_atomic(path, json.dumps(saved))
+        return saved[route]
 
 
 def load_or_measure(ckpt: Checkpoint, threads: int, native_available: bool,

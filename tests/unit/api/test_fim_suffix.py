@@ -6,6 +6,7 @@ typing before it never moves it (the kept suffix stays in the prefix cache), and
 still reads the whole suffix."""
 
 import json
+import threading
 from pathlib import Path
 
 import httpx
@@ -162,3 +163,28 @@ def test_the_prompt_speed_is_measured_once_per_machine_model_and_code(tmp_path, 
     assert prompt_speed(plan, "native-int8, bfloat16 KV, cpu", measure) == 0.006
     fixed = BackendPlan("native-int8", None, {}, {})
     assert prompt_speed(fixed, "x", measure) == 0.007 and prompt_speed(fixed, "x", measure) == 0.008
+
+
+def test_engines_starting_together_keep_each_others_prompt_speed(tmp_path, monkeypatch):
+    """Two starts on one home measure different routes at the same moment: the file keeps both
+    figures, so a third start on either route measures nothing and writes nothing."""
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
+    plan = BackendPlan("native-int8", None, {}, {}, key="cpu-model-code")
+    first_measuring, second_measuring = threading.Event(), threading.Event()
+
+    def first() -> float:
+        first_measuring.set()
+        second_measuring.wait(0.5)  # measured at once unless the second start waits its turn
+        return 0.004
+
+    def second() -> float:
+        second_measuring.set()
+        return 0.005
+
+    a = threading.Thread(target=prompt_speed, args=(plan, "native-int8, bfloat16 KV", first))
+    a.start()
+    assert first_measuring.wait(10)
+    assert prompt_speed(plan, "native-int8-bf16attn, bfloat16 KV", second) == 0.005
+    a.join()
+    assert json.loads(prompt_speed_path(plan.key).read_text()) == {
+        "native-int8, bfloat16 KV": 0.004, "native-int8-bf16attn, bfloat16 KV": 0.005}
