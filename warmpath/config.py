@@ -31,6 +31,7 @@ KernelActivations = Literal["auto", "fp32", "int8"]  # kernels/native.py ACTIVAT
 SpeculativeMethod = Literal["none", "ngram", "suffix", "draft"]
 CompletionScope = Literal["auto", "statement", "line", "block", "none"]  # api/scope.py
 FimLayout = Literal["anchored", "cursor"]  # api/fim.py LAYOUTS
+ShortContextMode = Literal["auto", "off", "always"]  # ServerConfig.short_context
 CacheIsolation = Literal["none", "key"]
 # router/policies.py
 RoutingPolicy = Literal["round-robin", "least-load", "session", "prefix", "hybrid"]
@@ -252,10 +253,26 @@ class ServerConfig(ServiceConfig):
     # opening a file stays nearer an editor's deadline, for a cost in exact matches on real files
     # (docs/benchmarks.md); or a number of tokens.
     fim_suffix_tokens: str = "all"
+    # A cold file's first answers (engine/scheduler/_short_context.py): "auto" answers a FIM request
+    # that sets a deadline (X-Deadline-Ms, t_max_prompt_ms) from its short context (the prefix's
+    # last lines, the suffix's first) when its whole prompt, mostly uncached, could not give a first
+    # token within first_token_ms; the whole prompt warms on for the next keystroke. "off": never;
+    # "always": every FIM request (its quality: warmpath eval).
+    short_context: ShortContextMode = "auto"
+    first_token_ms: float = 300.0  # the first-token budget "auto" answers within
+    # The short context's size: the tokens this machine computes in this long (measured at start),
+    # 128 at least; more costs time, less costs exact matches (docs/editors.md).
+    short_context_ms: float = 150.0
     # The confidence gate (server/confidence.py): a fill-in-the-middle answer whose first line's
     # tokens are less probable than this (their geometric mean) is silenced; 0 shows every answer. A
     # request's `min_confidence` overrides it.
     min_confidence: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("first_token_ms", "short_context_ms"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
 
 
 @dataclass

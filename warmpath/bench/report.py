@@ -88,6 +88,8 @@ def summarize(run: RunResult, slo: SLO) -> dict:
     out["wasted_tokens"] = d.get("wasted_tokens")
     if "typed_through" in d and recs:  # requests that typed into the last suggestion
         out["typed_through_share"] = d["typed_through"] / len(recs)
+    if "short_context" in d and recs:
+        out["short_context_share"] = d["short_context"] / len(recs)
     if d.get("prefix_queried_tokens"):
         # a prompt token not computed is a hit, whether the RAM pool held it or the KV tier gave it
         # back
@@ -156,6 +158,7 @@ ROWS = [  # label, summary path, unit, which way is better ("" = neither)
     ("tokens/s received", "token_throughput", "f", "higher"),
     ("wasted tokens (server)", "wasted_tokens", "n", "lower"),
     ("typed through a suggestion", "typed_through_share", "%", ""),
+    ("answered from a short context", "short_context_share", "%", ""),
     ("prefix-cache hit rate", "prefix_hit_rate", "%", "higher"),
     ("prompt tokens computed p50", "computed_prompt_tokens.p50", "n", "lower"),
     ("prompt tokens computed p90", "computed_prompt_tokens.p90", "n", "lower"),

@@ -26,6 +26,8 @@ COUNTERS = {
     "evictions": ("warmpath_kv_cache_evictions_total", ),
     # answered with the rest of the last answer (server/type_through.py)
     "typed_through": ("warmpath_typed_through_total", ),
+    # answered from a cold file's short context (engine/scheduler/_short_context.py)
+    "short_context": ("warmpath_short_context_answers_total", ),
 }
 LABELLED = {
     "aborted_client": ("warmpath_requests_aborted_total", "reason", "client"),

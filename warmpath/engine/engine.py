@@ -197,6 +197,7 @@ class Engine:
             cache_salt=request.cache_salt,
             prompt_deadline=request.prompt_deadline,
             tenant=request.tenant,
+            short=request.short,
             heal_left=params.heal.encode(),
         )
         self.requests[request.request_id] = req
@@ -211,11 +212,10 @@ class Engine:
         self._finished_unreported.append(req)
         return True
 
-    def warm_up(self, request: EngineRequest, keystroke: bool = True) -> None:
+    def warm_up(self, r: EngineRequest, keystroke: bool = True) -> None:
         """A prompt computed at the lowest priority for its session's next request (Scheduler.
         warm_up): a keystroke refused unrun (its session counted as quick if its prompt was nearly
         all cached), or a client's own warm-up (/infill's n_predict 0: no keystroke)."""
-        r = request
         if keystroke:
             self.scheduler.note_arrival(r.session_id, r.prompt_token_ids, r.cache_salt)
         self.scheduler.warm_up(r.request_id, r.prompt_token_ids, r.session_id, r.cache_salt,

@@ -77,6 +77,16 @@ class SamplingParams:
         return self.temperature < MIN_TEMPERATURE
 
 
+@dataclass(frozen=True)
+class ShortContext:
+    """A FIM prompt's short form (the lines nearest the cursor, a short suffix): what a request is
+    answered from when its whole prompt cannot give a first token `by` then (a cold file;
+    engine/scheduler/_short_context.py)."""
+
+    token_ids: list[int]
+    by: float  # time.monotonic()
+
+
 @dataclass
 class EngineRequest:
     """What a caller asks of the engine: the one value from the server's job to the scheduler's
@@ -93,6 +103,7 @@ class EngineRequest:
     prompt_deadline: float | None = None
     # whose it is (server/tenancy.py), for the warm-ups' bounds (engine/scheduler)
     tenant: str | None = None
+    short: ShortContext | None = None
 
 
 @dataclass
@@ -135,6 +146,7 @@ class Request:
     prompt_deadline: float | None = None
     # EngineRequest.tenant: its warm-up counts against this tenant's bound
     tenant: str | None = None
+    short: ShortContext | None = None  # until its first admission (EngineRequest.short)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     # one per output, when params.logprobs is set

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from warmpath.api.asgi import parse_deadline
 from warmpath.api.ask import SILENT, Ask, Outcome
@@ -80,6 +80,8 @@ class Job:
     truncated: bool = False  # repository context or prefix was left out to fit the context
     # answered from the session's last answer (type_through.py): its prompt's tokens, none computed
     typed_prompt_tokens: int | None = None
+    # answered from its short context (request.short), the whole prompt left warming
+    short_context: bool = False
 
     @property
     def request_id(self) -> str:
@@ -99,8 +101,11 @@ class Job:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids) if self.typed_prompt_tokens is None else \
-            self.typed_prompt_tokens
+        """The tokens of the prompt the answer was computed from."""
+        if self.typed_prompt_tokens is not None:
+            return self.typed_prompt_tokens
+        short = self.request.short
+        return len(short.token_ids if self.short_context and short else self.prompt_ids)
 
     def usage(self) -> dict:
         return usage(self.num_prompt_tokens, self.num_generated, self.num_cached, self.num_tier)
@@ -136,6 +141,13 @@ class Job:
             self.logprobs_taken += 1
             self.logprob_chars += num_chars(entry[0])
         return new
+
+
+def warming_session(r: EngineRequest) -> None:
+    """A request that names no session warms as its tenant's session of warm-ups (the scheduler
+    keeps one per session; the tenant's next one ends it)."""
+    if r.session_id is None:
+        r.session_id = "warm-up " + hashlib.sha256(str(r.tenant).encode()).hexdigest()[:16]
 
 
 @contextmanager
@@ -176,7 +188,11 @@ class JobRunner:
         except UnicodeDecodeError:  # part of a character: the prompt stays as it is
             return
         if text:
-            job.request.prompt_token_ids, job.params.heal = job.prompt_ids[:-1], text
+            r, last = job.request, job.prompt_ids[-1]
+            r.prompt_token_ids, job.params.heal = job.prompt_ids[:-1], text
+            if r.short is not None:  # it ends at the same cursor: the same token, else not used
+                r.short = replace(r.short, token_ids=r.short.token_ids[:-1]) \
+                    if r.short.token_ids[-1:] == [last] else None
             # the first token's characters include it; the answer's text does not
             job.logprob_chars = -len(text)
 
@@ -238,8 +254,7 @@ class JobRunner:
         at once (AsyncEngine.warm_up): it never delays a keystroke. A client that names no session
         warms as its tenant's session of warm-ups (its newest warm-up ends the one before)."""
         r = job.request
-        if r.session_id is None:
-            r.session_id = "warm-up " + hashlib.sha256(str(r.tenant).encode()).hexdigest()[:16]
+        warming_session(r)
         with _engine_errors():
             self.async_engine.warm_up(r)
         job.finish_reason = "length"
@@ -309,6 +324,9 @@ class JobRunner:
         if out.new_token_ids and job.first_token is None:
             job.first_token = time.monotonic()
         job.num_generated = len(out.token_ids)
+        if job.request.short is not None and out.prompt_token_ids is not None and \
+                len(out.prompt_token_ids) != len(job.prompt_ids):  # the scheduler took the short
+            job.short_context = job.truncated = True
         if out.new_logprobs:
             if job.gate is not None:
                 # the model's vocabulary may be padded past it
@@ -345,7 +363,9 @@ class JobRunner:
         m.requests.labels(job.finish_reason).inc()
         if job.cutter is not None and job.cutter.rule is not None:
             m.scope_cuts.labels(job.cutter.rule).inc()
-        m.prompt_tokens.inc(len(job.prompt_ids))
+        m.prompt_tokens.inc(job.num_prompt_tokens)
+        if job.short_context:
+            m.short_context.inc()
         m.generation_tokens.inc(job.num_generated)
         if job.finish_reason in ("abort", "deadline"):
             m.wasted_tokens.inc(job.num_generated)

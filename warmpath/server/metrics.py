@@ -143,6 +143,10 @@ class Metrics:
         self.warm_ups_asked = Counter("warmpath_warm_ups_asked", "Clients' own warm-ups "
                                       "(/infill's n_predict 0, max_tokens 0) queued for idle "
                                       "steps", registry=r)
+        self.short_context = Counter(
+            "warmpath_short_context_answers", "FIM requests answered from their short context: "
+            "their whole prompt, mostly uncached, could not answer within --first-token-ms (it "
+            "warms on for the next keystroke), or --short-context always", registry=r)
         self.session_ids_hashed = Counter(
             "warmpath_session_ids_hashed", "Requests whose session id was longer "
             "than --max-session-id-chars: kept as its hash", registry=r)

@@ -18,14 +18,15 @@ from starlette.background import BackgroundTask
 from warmpath.api.asgi import ClientGone, unless_disconnected
 from warmpath.api.ask import Ask
 from warmpath.api.cutters import Chain, IndentCutter
-from warmpath.api.fim import Rendered
+from warmpath.api.fim import Fill, Rendered
 from warmpath.api.protocol import ApiError
 from warmpath.api.responses import SSE_HEADERS
 from warmpath.api.scope import ScopeCutter
 from warmpath.engine.async_engine import EngineDeadError
+from warmpath.engine.request import ShortContext
 from warmpath.server.answers import Answers
 from warmpath.server.confidence import Gate
-from warmpath.server.jobs import Job
+from warmpath.server.jobs import Job, warming_session
 from warmpath.server.prompt_fitter import Prompt
 from warmpath.server.served_model import ServedModel
 
@@ -87,6 +88,8 @@ class Pipeline:
             job.request.prompt_deadline = received + ask.prompt_ms / 1000
         if ask.predict_ms is not None:
             job.predict_s = ask.predict_ms / 1000
+        if not warmup and not ask.echo and ask.fill is not None:
+            await self.shorten(job, ask.fill, prompt)
         if ask.echo:
             job.echo = ask.fill.prefix if ask.fill is not None else s.tokenizer.decode(
                 job.prompt_ids)
@@ -110,6 +113,24 @@ class Pipeline:
                 f"max_tokens ({ask.max_tokens}) leaves no room for a prompt in the model's context "
                 f"of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
         return await s.fitter.fit(ask.fill, 1 if warmup else s.fitter.reserve(ask.max_tokens)), True
+
+    async def shorten(self, job: Job, fill: Fill, prompt: Prompt) -> None:
+        """Give a FIM job its short context (--short-context): "auto", to a job with a deadline, for
+        the scheduler to answer from when the whole prompt cannot answer within --first-token-ms
+        (engine/scheduler/_short_context.py); "always", as its prompt."""
+        s, r = self.served, job.request
+        mode = s.config.short_context
+        if mode == "off" or mode == "auto" and r.deadline is None and r.prompt_deadline is None:
+            return
+        ids = await s.fitter.short(fill, s.short_context_tokens, prompt)
+        if ids is None:
+            return
+        if mode == "always":
+            r.prompt_token_ids, job.truncated = ids, True
+            job.short_context = True
+        else:  # its whole prompt may be left warming
+            r.short = ShortContext(ids, job.received + s.config.first_token_ms / 1000)
+            warming_session(r)
 
     async def _encode_chat(self, turns: list[dict]) -> list[int]:
         try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from warmpath.api.fim import Fill, FimFormat, Rendered
 from warmpath.api.protocol import ApiError
+from warmpath.api.short_context import short_fill
 from warmpath.models.tokenizer import Tokenizer
 from warmpath.server.encoder import PromptEncoder
 
@@ -71,3 +72,14 @@ class PromptFitter:
         raise ApiError(
             400, f"the prompt does not fit the model's context of {self.max_model_len} tokens",
             param="prompt", code="context_length_exceeded")
+
+    async def short(self, fill: Fill, tokens: int, whole: Prompt) -> list[int] | None:
+        """The ids of `fill`'s short context of about `tokens` tokens (api/short_context.py); None
+        where it has none (no suffix, or a prompt written in a family's own layout) or it is not a
+        quarter shorter than the `whole` prompt."""
+        fill = self.fim.hole_at_end(fill)
+        if fill.suffix is None or self.fim.count is None:
+            return None
+        ids = await self.encoder.encode(self.fim.render(short_fill(fill, tokens,
+                                                                   self.fim.count)).text)
+        return ids if len(ids) * 4 <= len(whole.ids) * 3 else None

@@ -9,6 +9,7 @@ from fastapi import Request
 from warmpath.api.ask import Ask
 from warmpath.api.fim import FimFormat, detect_fim, fim_stop_ids, suffix_tokens
 from warmpath.api.protocol import ApiError
+from warmpath.api.short_context import short_context_tokens
 from warmpath.config import ServerConfig
 from warmpath.engine.async_engine import AsyncEngine
 from warmpath.engine.engine import Engine
@@ -31,6 +32,9 @@ class ServedModel:
         count = lambda text: len(tok.encode(text, add_bos=False))  # noqa: E731
         self.fitter = PromptFitter(tok, engine.max_model_len,
                                    FimFormat(self.fim, config.fim_layout, kept, count, tok))
+        self.short_context_tokens = short_context_tokens(engine.cost.prompt_seconds_per_token,
+                                                         engine.config.block_size,
+                                                         config.short_context_ms)
         self.fim_stop_ids = fim_stop_ids(tok, self.fim) if self.fim else []
         if not 0.0 <= config.min_confidence <= 1.0:
             raise ValueError(f"--min-confidence must be in [0, 1], got {config.min_confidence}")
@@ -69,6 +73,7 @@ class ServedModel:
             "repo_context": bool(self.fim and self.fim.file_sep),
             "fim_suffix_tokens": self.fitter.fim.suffix_tokens
             if self.fim else None,  # None: the whole suffix
+            "short_context_tokens": self.short_context_tokens if self.fim else None,
             "kv_bytes_per_token": cfg.kv_bytes_per_token(self.engine.kv_dtype_name)
         }
 

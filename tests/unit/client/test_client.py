@@ -196,6 +196,8 @@ def test_bench_editor_end_to_end_writes_json_and_png(server, tmp_path):
     finished = server.get("finished_stop", 0) + server.get("finished_length", 0)
     assert server["aborted_client"] > 0
     assert finished <= s["outcomes"]["shown"] + 2, (finished, s["outcomes"], server)
+    # reported from the server's counters: no suffix sent, so no FIM prompt and no short context
+    assert s["short_context_share"] == 0 and "typed_through_share" in s
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 

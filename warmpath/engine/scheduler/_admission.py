@@ -1,6 +1,7 @@
 """Admission: waiting requests join the running ones first come, first served (preempted ones are at
 the front), each with its prefix-cache hit, the blocks the KV tier gives back, and a first chunk of
-what the budget leaves."""
+what the budget leaves; a cold FIM prompt that cannot answer in time, with its short context
+(_short_context.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from warmpath.engine.request import FinishReason, Request, RequestStatus
+from warmpath.engine.scheduler._short_context import choose_context
 from warmpath.engine.scheduler._state import SchedulerState
 from warmpath.engine.scheduler._tier_reads import TierReads
 from warmpath.engine.scheduler.batch import ScheduledChunk, StepBatch
@@ -17,12 +19,13 @@ if TYPE_CHECKING:
 
 
 def admit_waiting(state: SchedulerState, tiers: TierReads, out: StepBatch, budget: int,
-                  max_num_seqs: int, cap: Callable[[Request], int]) -> int:
+                  max_num_seqs: int, cap: Callable[[Request], int], now: float) -> int:
     """Admit waiting requests while the budget, the sequence limit and the blocks allow; returns the
     budget left. Not in a step that had to preempt: blocks are short, admitting would only
     thrash."""
     while not out.preempted and state.waiting and budget > 0 and len(state.running) < max_num_seqs:
         req = state.waiting[0]
+        choose_context(state, tiers, req, now, cap(req))
         if state.blocks_for(req.num_tokens + 1) > state.pool.num_blocks:
             state.finish(
                 req, FinishReason.ERROR,

@@ -88,4 +88,3 @@ class WarmUps:
             self.stats.warm_ups_dropped_tenant += 1
         else:
             self.stats.warm_ups_dropped_total += 1
-

@@ -1,45 +1,17 @@
 """Warm-ups: a session's prompt left mid-way (its request late, closed by its client, or refused
 unrun) computed on at the lowest priority, reported to nobody and never counted in the cache
 statistics, for the session's next keystroke; they run only in a step with nothing else, a paced
-chunk at most, and never preempt anyone. Queued ones wait in WarmUps (_warm_up_queue.py), bounded in
-tokens per tenant and in all.
+chunk at most, and never preempt anyone. They are queued (SchedulerState.queue_warm_up) in
+WarmUps (_warm_up_queue.py), bounded in tokens per tenant and in all.
 """
 
 from __future__ import annotations
 
-import time
-
-from warmpath.engine.request import FinishReason, Request, RequestMetrics, SamplingParams
+from warmpath.engine.request import FinishReason
 from warmpath.engine.scheduler._admission import admit
 from warmpath.engine.scheduler._state import SchedulerState
 from warmpath.engine.scheduler._tier_reads import TierReads
 from warmpath.engine.scheduler.batch import ScheduledChunk, StepBatch
-
-
-def queue_warm_up(state: SchedulerState, request_id: str, prompt_token_ids: list[int],
-                  session_id: str | None, cache_salt: str | None, tenant: str | None) -> None:
-    """Queue a warm-up of the prompt's full blocks, unless a newer request of its session is in (it
-    computes them itself); the session's older warm-up ends."""
-    full = len(prompt_token_ids) // state.block_size * state.block_size
-    newer = any(r.session_id == session_id and not r.warmup and r.request_id != request_id
-                for r in (*state.waiting, *state.running))
-    if session_id is None or full == 0 or newer:
-        return
-    end_warm_up(state, session_id)
-    for dropped in state.warming.add(
-            Request(f"{request_id}/warm", list(prompt_token_ids[:full]),
-                    SamplingParams(max_tokens=1, temperature=0), frozenset(), 1, None,
-                    RequestMetrics(arrival_time=time.perf_counter()), session_id,
-                    cache_salt=cache_salt, tenant=tenant, warmup=True)):
-        state.finish(dropped, FinishReason.ABORT)  # over a bound: it never computes
-
-
-def end_warm_up(state: SchedulerState, session_id: str | None) -> None:
-    """The session's warm-up, queued or running, ends: its next request (or warm-up) came."""
-    queued = state.warming.of_session(session_id)
-    for w in [r for r in state.running if r.warmup and r.session_id == session_id
-              ] + ([queued] if queued else []):
-        state.finish(w, FinishReason.ABORT)
 
 
 def step_warm_ups(state: SchedulerState, tiers: TierReads, out: StepBatch, budget: int,

@@ -25,7 +25,7 @@ from warmpath.engine.scheduler._running import step_running
 from warmpath.engine.scheduler._state import SchedulerState
 from warmpath.engine.scheduler._tier_reads import TierReads
 from warmpath.engine.scheduler._warm_up_queue import WarmUps
-from warmpath.engine.scheduler._warm_ups import end_warm_up, queue_warm_up, step_warm_ups
+from warmpath.engine.scheduler._warm_ups import step_warm_ups
 from warmpath.engine.scheduler.batch import SchedulerStats, StepBatch
 from warmpath.engine.step_cost import StepCost
 
@@ -103,7 +103,7 @@ class Scheduler:
     # -- requests in and out -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         self._state.waiting.append(req)
-        end_warm_up(self._state, req.session_id)  # what it computed stays cached for this one
+        self._state.end_warm_up(req.session_id)  # what it computed stays cached for this one
         req.block_hashes = self.note_arrival(req.session_id, req.prompt_token_ids, req.cache_salt)
 
     def note_arrival(self, session_id: str | None, token_ids: list[int],
@@ -122,7 +122,7 @@ class Scheduler:
         (_warm_ups.py): a request left mid-prompt or refused unrun (the server). The session's next
         request (or warm-up) ends it."""
         if self.config.warm_late_prompts:
-            queue_warm_up(self._state, request_id, prompt_token_ids, session_id, cache_salt, tenant)
+            self._state.queue_warm_up(request_id, prompt_token_ids, session_id, cache_salt, tenant)
 
     def abort(self, req: Request) -> None:
         """The client gave up on req: late (past its deadline), or stale (its developer typed again,
@@ -171,7 +171,7 @@ class Scheduler:
         self._tiers.begin_step(bool(quick), len(state.pool.free_queue), state.block_size)
 
         budget = step_running(state, self._tiers, out, budget, reserve, cap)
-        budget = admit_waiting(state, self._tiers, out, budget, max_seqs, cap)
+        budget = admit_waiting(state, self._tiers, out, budget, max_seqs, cap, now)
         step_warm_ups(state, self._tiers, out, budget, chunk, max_seqs)
         for listener in self._listeners:
             listener(out)
