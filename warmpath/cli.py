@@ -133,7 +133,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan, how = load_or_measure(ckpt, threads, native_available(), args.allow_nondeterministic,
                                 args.remeasure, args.full)
     print(f"{args.model} on this machine, {threads} threads: {how}\n{plan.table()}")
+    if args.roofline:
+        print(_roofline(args.model, threads, args.roofline, args.ghz))
     return 0
+
+
+def _roofline(model: str, threads: int, tokens: int, ghz: float | None) -> str:
+    """A `tokens`-token prompt's prefill on the engine as `warmpath serve` runs it (its plan, its
+    chunks), the fastest of three different prompts, as a share of the int8 peak."""
+    import random
+    import time
+
+    from warmpath.engine.request import SamplingParams
+    from warmpath.kernels.roofline import int8_peak, prefill_share
+    from warmpath.llm import LLM
+
+    llm = LLM(model, num_threads=threads, enable_prefix_caching=False)
+    vocab = min(llm.model_config.vocab_size, 100_000)
+    best = float("inf")
+    for seed in range(4):  # the first warms the engine up: not counted
+        ids = random.Random(seed).choices(range(1000, vocab), k=tokens)
+        start = time.perf_counter()
+        llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0))
+        best = min(best, time.perf_counter() - start) if seed else best
+    return prefill_share(llm.model_config, tokens, best, int8_peak(cores=threads, ghz=ghz)).report()
 
 
 def cmd_route(args: argparse.Namespace) -> int:
@@ -221,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--full", action="store_true",
         help="time every candidate on every shape class, three rounds "
         "(a deterministic plan otherwise times the cheap classes until one candidate leads)")
+    p.add_argument("--roofline", type=int, metavar="TOKENS", default=None,
+                   help="then time a prompt of TOKENS tokens (e.g. 2000) and print its share of "
+                   "the machine's int8 peak (kernels/roofline.py)")
+    p.add_argument("--ghz", type=float, default=None,
+                   help="the clock the peak counts (default: /proc/cpuinfo's cpu MHz)")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser(
         "route", help="one endpoint in front of many nodes: session-affine, prefix-aware routing "
