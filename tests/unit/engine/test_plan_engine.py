@@ -129,3 +129,24 @@ def test_every_configuration_is_a_plan_and_the_step_goes_where_the_plan_says(
         chosen = plan.for_decode(1, cached + 1) if new == 1 else plan.for_chunk(new, cached)
         route = runner.route([SeqInput([0] * new, cached, [])])
         assert (route.native == [0]) == chosen.startswith("native"), (new, cached, chosen)
+
+
+@pytest.mark.slow
+def test_plan_roofline_times_a_prompt_and_states_its_share_of_the_int8_peak(
+        long_gguf, tmp_path, monkeypatch, capsys):
+    """`warmpath plan --roofline 256`: the plan, then a 256-token prompt's prefill on the engine and
+    its share of the peak the CPU's flags give (at the clock asked for)."""
+    from warmpath.cli import main
+    from warmpath.kernels.roofline import int8_peak
+
+    monkeypatch.setenv("WARMPATH_HOME", str(tmp_path))
+    monkeypatch.setattr(plan_timing, "measure",
+                        lambda ckpt, backends, steps, eliminate=False, progress=None: {
+                            b: SPR.get(b, SPR["native-int8"]) for b in backends})
+    assert main(["plan", "--model", str(long_gguf), "--num-threads", "2", "--roofline", "256",
+                 "--ghz", "2.0"]) == 0
+    out = capsys.readouterr().out
+    peak = int8_peak(cores=2, ghz=2.0)
+    assert "prefill of 256 tokens:" in out and "of the int8 peak" in out
+    assert f"{peak.unit}: {peak.macs_per_cycle:,} int8 multiply-adds a cycle x 2 cores x 2.00 GHz" \
+        in out
